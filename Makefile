@@ -1,0 +1,48 @@
+# Entry points. `make test` (also .ci/run) sets everything up on a fresh machine first.
+VENV    := .venv
+PY      := $(VENV)/bin/python
+RUN     := $(VENV)/bin/spark-hvd-run
+NP      ?= 2
+PYTEST  := $(PY) -m pytest tests -v --timeout=600 -p no:cacheprovider
+PYTEST_ARGS ?=
+
+.PHONY: all setup build build-debug demo test test-fast test-slow bench clean distclean
+
+all: build
+
+setup:
+	bash scripts/setup.sh
+
+build: setup
+	$(PY) build.py
+
+build-debug: setup
+	$(PY) build.py --debug
+
+demo: build
+	$(RUN) -np $(NP) $(PY) examples/numpy_allreduce.py
+
+# Every test, slow ones included.
+test: build
+	$(PYTEST) $(PYTEST_ARGS)
+
+test-fast: build
+	$(PYTEST) -m "not slow" $(PYTEST_ARGS)
+
+test-slow: build
+	$(PYTEST) -m slow $(PYTEST_ARGS)
+
+# Each benchmarks/*.py script is self-contained (launches its own workers when it needs them).
+bench: build
+	@set -e; for f in benchmarks/*.py; do \
+	  [ -e "$$f" ] || { echo "no benchmarks yet"; break; }; \
+	  echo "== $$f"; $(PY) "$$f"; \
+	done
+
+clean:
+	@if [ -x $(PY) ]; then $(PY) build.py --clean; else python3 build.py --clean; fi
+	rm -rf build dist *.egg-info
+	find . -path ./$(VENV) -prune -o -name __pycache__ -type d -exec rm -rf {} +
+
+distclean: clean
+	rm -rf $(VENV)

@@ -1,0 +1,75 @@
+// Pieces every algorithm file uses: scratch memory, offsets, and the pipelined
+// receive-and-reduce step at the heart of ring and recursive-doubling allreduce.
+#include <algorithm>
+#include <cstring>
+
+#include "collectives.h"
+#include "reduce_kernels.h"
+
+namespace shvd {
+
+void* Scratch::get(size_t bytes) {
+  if (storage_.size() < bytes) storage_.resize(bytes);
+  return storage_.data();
+}
+
+std::vector<size_t> prefix_offsets(const std::vector<size_t>& sizes) {
+  std::vector<size_t> offsets(sizes.size() + 1, 0);
+  for (size_t i = 0; i < sizes.size(); ++i) offsets[i + 1] = offsets[i] + sizes[i];
+  return offsets;
+}
+
+// Segment size for overlapping reduction with transfer: small enough to stay in L2 while the
+// next segment arrives, large enough to amortise the loop.
+static constexpr size_t kReduceSegmentBytes = 128 * 1024;
+
+void send_recv_reduce(Link* to, const void* sbuf, size_t sn, Link* from, void* dst,
+                      void* scratch_in, size_t rn, DataType dtype, ReduceOp op) {
+  const size_t esize = dtype_size(dtype);
+  const size_t segment = std::max(esize, kReduceSegmentBytes / esize * esize);
+  auto* in = static_cast<uint8_t*>(scratch_in);
+  auto* out = static_cast<uint8_t*>(dst);
+  const auto* src = static_cast<const uint8_t*>(sbuf);
+  size_t sent = 0, received = 0, reduced = 0;
+  Link* both[2] = {to, from};
+  int idle_rounds = 0;
+  while (sent < sn || reduced < rn) {
+    bool progress = false;
+    if (sent < sn) {
+      size_t k = to->try_send(src + sent, sn - sent);
+      sent += k;
+      progress |= k > 0;
+    }
+    if (received < rn) {
+      size_t k = from->try_recv(in + received, rn - received);
+      received += k;
+      progress |= k > 0;
+    }
+    // Reduce every complete segment that has arrived (the tail once everything arrived).
+    while (reduced < received && (received - reduced >= segment || received == rn)) {
+      size_t len = std::min(segment, received - reduced);
+      len -= len % esize;
+      if (len == 0) break;
+      reduce_into(out + reduced, in + reduced, len / esize, dtype, op);
+      reduced += len;
+      progress = true;
+    }
+    if (progress) {
+      idle_rounds = 0;
+    } else {
+      wait_for_progress(both, 2, sent < sn, received < rn, idle_rounds++);
+    }
+  }
+}
+
+void allreduce(const Communicator& comm, void* buf, size_t count, DataType dtype, ReduceOp op,
+               Scratch& scratch, size_t ring_threshold_bytes) {
+  if (comm.size <= 1 || count == 0) return;
+  if (count * dtype_size(dtype) <= ring_threshold_bytes || count < (size_t)comm.size) {
+    allreduce_recursive_doubling(comm, buf, count, dtype, op, scratch);
+  } else {
+    allreduce_ring(comm, buf, count, dtype, op, scratch);
+  }
+}
+
+}  // namespace shvd

@@ -1,0 +1,74 @@
+// The collective algorithms, written against Link only (no knowledge of negotiation, fusion or
+// frameworks). Each lives in its own file: allreduce_ring.cc, allreduce_recursive_doubling.cc,
+// allgather_ring.cc, broadcast_tree.cc, alltoall_pairwise.cc, reducescatter_ring.cc.
+//
+// Every member of the communicator calls the same function with consistent arguments (the
+// controller guarantees that); results are bitwise identical on every member.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "../common/types.h"
+#include "../transport/link.h"
+
+namespace shvd {
+
+// The members of one process set and the data links between them.
+struct Communicator {
+  int rank = 0;                  // my index among the members
+  int size = 1;
+  std::vector<Link*> links;      // links[i]: data link to member i (nullptr for myself)
+  std::vector<int> global_ranks; // member index -> global rank (for error messages)
+
+  Link* link(int member) const { return links[member]; }
+};
+
+// Reusable scratch memory owned by the engine thread (grown on demand, never shrunk).
+class Scratch {
+ public:
+  void* get(size_t bytes);
+
+ private:
+  std::vector<uint8_t> storage_;
+};
+
+// Messages at or below this many bytes use recursive doubling (latency-bound); above it the ring
+// (bandwidth-bound). Overridable with SPARK_HVD_RING_THRESHOLD.
+constexpr size_t kDefaultRingThresholdBytes = 64 * 1024;
+
+// In-place allreduce of `count` elements. Average is reduced as Sum (the caller scales).
+void allreduce(const Communicator& comm, void* buf, size_t count, DataType dtype, ReduceOp op,
+               Scratch& scratch, size_t ring_threshold_bytes);
+void allreduce_ring(const Communicator& comm, void* buf, size_t count, DataType dtype,
+                    ReduceOp op, Scratch& scratch);
+void allreduce_recursive_doubling(const Communicator& comm, void* buf, size_t count,
+                                  DataType dtype, ReduceOp op, Scratch& scratch);
+
+// Reduce-scatter of `buf` (all members' full inputs, in place) into blocks: member i ends with
+// the reduction of block i (elements [offsets[i], offsets[i] + counts[i])) in place in `buf`.
+void reducescatter_ring(const Communicator& comm, void* buf, const std::vector<size_t>& counts,
+                        DataType dtype, ReduceOp op, Scratch& scratch);
+
+// out holds every member's block back to back (bytes[i] from member i); my block must already
+// be at its place in `out`.
+void allgather_ring(const Communicator& comm, void* out, const std::vector<size_t>& bytes);
+
+// Binomial-tree broadcast of `bytes` from member `root`.
+void broadcast_tree(const Communicator& comm, void* buf, size_t bytes, int root);
+
+// Pairwise exchange: send_bytes[i] bytes from `in` (blocks back to back) go to member i, and
+// recv_bytes[i] bytes from member i land in `out` (blocks back to back).
+void alltoall_pairwise(const Communicator& comm, const void* in,
+                       const std::vector<size_t>& send_bytes, void* out,
+                       const std::vector<size_t>& recv_bytes);
+
+// Helpers shared by the algorithm files.
+std::vector<size_t> prefix_offsets(const std::vector<size_t>& sizes);
+// Sends `sn` bytes to `to` while receiving `rn` bytes from `from` into `scratch_in` and reducing
+// them into `dst` segment by segment as they arrive, so the transfer overlaps the arithmetic.
+void send_recv_reduce(Link* to, const void* sbuf, size_t sn, Link* from, void* dst,
+                      void* scratch_in, size_t rn, DataType dtype, ReduceOp op);
+
+}  // namespace shvd

@@ -1,0 +1,363 @@
+// The extern "C" surface: argument checking, error translation, and the single process-wide
+// engine instance (init -> shutdown -> init again creates a fresh one).
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <sstream>
+
+#include "engine/engine.h"
+#include "include/spark_hvd.h"
+
+using namespace shvd;
+
+namespace {
+
+std::mutex g_mu;
+std::unique_ptr<Endpoint> g_endpoint;
+std::shared_ptr<Engine> g_engine;
+thread_local std::string t_error;
+thread_local int t_error_kind = SHVD_ERR_NONE;
+
+int32_t fail(int kind, const std::string& message) {
+  t_error_kind = kind;
+  t_error = message;
+  return -1;
+}
+
+std::shared_ptr<Engine> engine() {
+  std::lock_guard<std::mutex> lock(g_mu);
+  return g_engine;
+}
+
+// Runs `body`, translating exceptions into the C error convention.
+template <typename F>
+int32_t guarded(F body) {
+  try {
+    return body();
+  } catch (const OpMismatchError& e) {
+    return fail(SHVD_ERR_INVALID, e.what());
+  } catch (const PeerLostError& e) {
+    return fail(SHVD_ERR_INTERNAL, e.what());
+  } catch (const std::exception& e) {
+    return fail(SHVD_ERR_STATE, e.what());
+  }
+}
+
+#define REQUIRE_ENGINE(e)                                                                   \
+  auto e = engine();                                                                        \
+  if (!e) return fail(SHVD_ERR_STATE, "spark_hvd has not been initialized; call init() first")
+
+Entry make_entry(const shvd_op& op, Engine& eng) {
+  if (op.op < SHVD_OP_ALLREDUCE || op.op > SHVD_OP_REMOVE_PROCESS_SET)
+    throw OpMismatchError("unknown collective operation " + std::to_string(op.op));
+  if (op.dtype < 0 || op.dtype >= kNumDataTypes)
+    throw OpMismatchError("unsupported data type code " + std::to_string(op.dtype));
+  Entry e;
+  Request& r = e.request;
+  r.op = OpType(op.op);
+  r.name = op.name ? op.name : "";
+  if (r.name.empty()) throw OpMismatchError("every collective needs a name");
+  r.dtype = DataType(op.dtype);
+  if (op.ndim < 0) throw OpMismatchError("negative number of dimensions");
+  r.shape.assign(op.shape, op.shape + op.ndim);
+  for (int64_t d : r.shape)
+    if (d < 0) throw OpMismatchError("negative dimension in the shape of '" + r.name + "'");
+  r.reduce_op = ReduceOp(op.reduce_op);
+  r.prescale = op.prescale;
+  r.postscale = op.postscale;
+  r.root = op.root_rank;
+  r.process_set = op.process_set;
+  if (op.group) {
+    r.group = op.group;
+    r.group_size = op.group_size;
+  }
+  e.input = op.input;
+  e.output = op.output;
+
+  ProcessSets& sets = eng.process_sets();
+  const int my_rank = eng.options().rank;
+  if (r.op == OpType::kAddProcessSet || r.op == OpType::kRemoveProcessSet || r.op == OpType::kJoin) {
+    if (r.process_set != 0) throw OpMismatchError(std::string(op_type_name(r.op)) + " runs on the global process set only");
+    if (r.op == OpType::kAddProcessSet) {
+      r.splits.assign(op.splits, op.splits + op.nsplits);
+      for (int64_t g : r.splits)
+        if (g < 0 || g >= eng.options().size)
+          throw OpMismatchError("add_process_set: rank " + std::to_string(g) + " is not in [0, " +
+                                std::to_string(eng.options().size) + ")");
+    }
+    if (r.op == OpType::kRemoveProcessSet && (r.root == 0 || !sets.exists(r.root)))
+      throw OpMismatchError("remove_process_set: process set " + std::to_string(r.root) +
+                            " does not exist (or is the global set)");
+    return e;
+  }
+  if (!sets.exists(r.process_set))
+    throw OpMismatchError("process set " + std::to_string(r.process_set) +
+                          " does not exist; add it with add_process_set() first");
+  const int set_size = int(sets.members(r.process_set).size());
+  if (sets.index_of(r.process_set, my_rank) < 0)
+    throw OpMismatchError("rank " + std::to_string(my_rank) + " is not a member of process set " +
+                          std::to_string(r.process_set) + " and cannot run '" + r.name + "' on it");
+  if (r.op == OpType::kAllreduce || r.op == OpType::kReducescatter) {
+    if (r.reduce_op == ReduceOp::kAdasum)
+      throw OpMismatchError("op=Adasum is not supported by spark_hvd yet; use Average or Sum");
+    if (r.reduce_op < ReduceOp::kAverage || r.reduce_op > ReduceOp::kProduct)
+      throw OpMismatchError("unknown reduce op " + std::to_string(int(r.reduce_op)));
+    if (r.op == OpType::kReducescatter &&
+        r.reduce_op != ReduceOp::kSum && r.reduce_op != ReduceOp::kAverage)
+      throw OpMismatchError("reducescatter supports op=Sum and op=Average only");
+  }
+  if ((r.op == OpType::kAllreduce || r.op == OpType::kBroadcast) && !e.output)
+    throw OpMismatchError("'" + r.name + "': no output buffer");
+  if (r.op == OpType::kBroadcast && (r.root < 0 || r.root >= set_size))
+    throw OpMismatchError("broadcast of '" + r.name + "': root rank " + std::to_string(r.root) +
+                          " is outside the process set of size " + std::to_string(set_size));
+  if ((r.op == OpType::kAllgather || r.op == OpType::kAlltoall || r.op == OpType::kReducescatter) &&
+      r.shape.empty())
+    throw OpMismatchError(std::string(op_type_name(r.op)) + " of '" + r.name +
+                          "' needs a tensor with at least one dimension");
+  if (r.op == OpType::kAlltoall) {
+    const int64_t rows = r.shape[0];
+    if (op.nsplits == 0) {
+      if (rows % set_size != 0)
+        throw OpMismatchError("alltoall of '" + r.name + "': the first dimension (" +
+                              std::to_string(rows) + ") is not divisible by the number of ranks (" +
+                              std::to_string(set_size) + "); pass splits explicitly");
+      r.splits.assign(set_size, rows / set_size);
+    } else {
+      if (op.nsplits != set_size)
+        throw OpMismatchError("alltoall of '" + r.name + "': got " + std::to_string(op.nsplits) +
+                              " splits for " + std::to_string(set_size) + " ranks");
+      r.splits.assign(op.splits, op.splits + op.nsplits);
+      int64_t sum = 0;
+      for (int64_t s : r.splits) {
+        if (s < 0) throw OpMismatchError("alltoall of '" + r.name + "': negative split");
+        sum += s;
+      }
+      if (sum != rows)
+        throw OpMismatchError("alltoall of '" + r.name + "': splits sum to " + std::to_string(sum) +
+                              " but the first dimension is " + std::to_string(rows));
+    }
+  }
+  return e;
+}
+
+}  // namespace
+
+extern "C" {
+
+int32_t shvd_listen(const char* bind_host) {
+  return guarded([&] {
+    std::lock_guard<std::mutex> lock(g_mu);
+    g_endpoint = std::make_unique<Endpoint>(bind_host && *bind_host ? bind_host : "0.0.0.0");
+    return g_endpoint->port();
+  });
+}
+
+int32_t shvd_init(const shvd_init_options* o) {
+  return guarded([&]() -> int32_t {
+    {
+      std::lock_guard<std::mutex> lock(g_mu);
+      if (g_engine) return fail(SHVD_ERR_STATE, "spark_hvd is already initialized");
+    }
+    if (o->size < 1 || o->rank < 0 || o->rank >= o->size)
+      return fail(SHVD_ERR_INVALID, "invalid rank " + std::to_string(o->rank) + " for size " +
+                                        std::to_string(o->size));
+    MeshOptions mo;
+    mo.rank = o->rank;
+    mo.size = o->size;
+    mo.secret.assign(o->secret ? o->secret : "", o->secret ? o->secret_len : 0);
+    mo.job_id = o->job_id ? o->job_id : "job";
+    mo.use_shared_memory = o->use_shared_memory != 0;
+    mo.timeout_seconds = o->start_timeout_seconds > 0 ? o->start_timeout_seconds : 30.0;
+    std::istringstream lines(o->peers ? o->peers : "");
+    std::string line;
+    while (std::getline(lines, line)) {
+      if (line.empty()) continue;
+      std::istringstream f(line);
+      PeerAddress p;
+      f >> p.host >> p.port >> p.host_id;
+      mo.peers.push_back(p);
+    }
+    Mesh mesh;
+    if (o->size == 1) {
+      mesh.data.resize(1);
+      mesh.control.resize(1);
+    } else {
+      if (int(mo.peers.size()) != o->size)
+        return fail(SHVD_ERR_INVALID, "expected " + std::to_string(o->size) + " peer addresses, got " +
+                                          std::to_string(mo.peers.size()));
+      std::unique_ptr<Endpoint> endpoint;
+      {
+        std::lock_guard<std::mutex> lock(g_mu);
+        endpoint = std::move(g_endpoint);
+      }
+      if (!endpoint) return fail(SHVD_ERR_STATE, "shvd_listen must be called before shvd_init");
+      mesh = build_mesh(*endpoint, mo);
+    }
+    bool shm = false;
+    for (auto& l : mesh.data)
+      if (l && l->is_shared_memory()) shm = true;
+    EngineOptions eo;
+    eo.rank = o->rank;
+    eo.size = o->size;
+    eo.local_rank = o->local_rank;
+    eo.local_size = o->local_size;
+    eo.cross_rank = o->cross_rank;
+    eo.cross_size = o->cross_size;
+    eo.coordinator.fusion_threshold_bytes = size_t(o->fusion_threshold_bytes);
+    eo.coordinator.cycle_time_ms = o->cycle_time_ms;
+    eo.coordinator.cache_capacity = size_t(o->cache_capacity);
+    eo.coordinator.stall_warning_seconds = o->stall_warning_seconds;
+    eo.coordinator.stall_shutdown_seconds = o->stall_shutdown_seconds;
+    if (o->ring_threshold_bytes > 0) eo.ring_threshold_bytes = size_t(o->ring_threshold_bytes);
+    const int32_t* ranks = o->process_set_ranks;
+    for (int i = 0; i < o->num_process_sets; ++i) {
+      eo.static_process_sets.emplace_back(ranks, ranks + o->process_set_sizes[i]);
+      ranks += o->process_set_sizes[i];
+    }
+    auto eng = std::make_shared<Engine>(std::move(eo), std::move(mesh), shm);
+    if (o->timeline_path && *o->timeline_path && o->rank == 0) {
+      std::string err;
+      if (!eng->timeline().start(o->timeline_path, o->timeline_mark_cycles != 0, &err))
+        std::fprintf(stderr, "spark_hvd WARNING: %s\n", err.c_str());
+    }
+    std::lock_guard<std::mutex> lock(g_mu);
+    g_engine = eng;
+    return 0;
+  });
+}
+
+int32_t shvd_shutdown(void) {
+  std::shared_ptr<Engine> eng;
+  {
+    std::lock_guard<std::mutex> lock(g_mu);
+    eng.swap(g_engine);
+    g_endpoint.reset();
+  }
+  if (eng) eng->shutdown();
+  return 0;
+}
+
+int32_t shvd_is_initialized(void) { return engine() ? 1 : 0; }
+
+#define ENGINE_FIELD(fn, field)              \
+  int32_t fn(void) {                         \
+    REQUIRE_ENGINE(e);                       \
+    return e->options().field;               \
+  }
+ENGINE_FIELD(shvd_rank, rank)
+ENGINE_FIELD(shvd_size, size)
+ENGINE_FIELD(shvd_local_rank, local_rank)
+ENGINE_FIELD(shvd_local_size, local_size)
+ENGINE_FIELD(shvd_cross_rank, cross_rank)
+ENGINE_FIELD(shvd_cross_size, cross_size)
+
+int32_t shvd_shared_memory_enabled(void) {
+  REQUIRE_ENGINE(e);
+  return e->shared_memory() ? 1 : 0;
+}
+
+int32_t shvd_process_set_size(int32_t id) {
+  REQUIRE_ENGINE(e);
+  if (!e->process_sets().exists(id)) return fail(SHVD_ERR_INVALID, "process set " + std::to_string(id) + " does not exist");
+  return int32_t(e->process_sets().members(id).size());
+}
+
+int32_t shvd_process_set_rank(int32_t id) {
+  REQUIRE_ENGINE(e);
+  if (!e->process_sets().exists(id)) return fail(SHVD_ERR_INVALID, "process set " + std::to_string(id) + " does not exist");
+  return e->process_sets().index_of(id, e->options().rank);
+}
+
+int32_t shvd_process_set_ranks(int32_t id, int32_t* out, int32_t cap) {
+  REQUIRE_ENGINE(e);
+  if (!e->process_sets().exists(id)) return fail(SHVD_ERR_INVALID, "process set " + std::to_string(id) + " does not exist");
+  auto m = e->process_sets().members(id);
+  for (int i = 0; i < int(m.size()) && i < cap; ++i) out[i] = m[i];
+  return int32_t(m.size());
+}
+
+int32_t shvd_process_set_ids(int32_t* out, int32_t cap) {
+  REQUIRE_ENGINE(e);
+  auto ids = e->process_sets().ids();
+  for (int i = 0; i < int(ids.size()) && i < cap; ++i) out[i] = ids[i];
+  return int32_t(ids.size());
+}
+
+int32_t shvd_process_set_find(const int32_t* ranks, int32_t n) {
+  REQUIRE_ENGINE(e);
+  return e->process_sets().find(std::vector<int>(ranks, ranks + n));
+}
+
+int32_t shvd_enqueue(const shvd_op* ops, int32_t n, int64_t* handles) {
+  REQUIRE_ENGINE(eng);
+  return guarded([&] {
+    std::vector<Entry> entries;
+    entries.reserve(n);
+    for (int i = 0; i < n; ++i) entries.push_back(make_entry(ops[i], *eng));
+    auto ids = eng->enqueue(std::move(entries));
+    for (int i = 0; i < n; ++i) handles[i] = ids[i];
+    return 0;
+  });
+}
+
+#define REQUIRE_HANDLE(e, s, h)                                                \
+  REQUIRE_ENGINE(e);                                                           \
+  auto s = e->handles().get(h);                                                \
+  if (!s) return fail(SHVD_ERR_STATE, "unknown or released handle " + std::to_string(h))
+
+int32_t shvd_poll(int64_t handle) {
+  REQUIRE_HANDLE(e, s, handle);
+  return s->done.load(std::memory_order_acquire) ? 1 : 0;
+}
+
+int32_t shvd_wait(int64_t handle) {
+  REQUIRE_HANDLE(e, s, handle);
+  e->handles().wait(s);
+  if (s->error_kind) return fail(s->error_kind, s->error);
+  return 0;
+}
+
+int32_t shvd_output(int64_t handle, void** data, int64_t* nbytes) {
+  REQUIRE_HANDLE(e, s, handle);
+  *data = s->output.data();
+  *nbytes = int64_t(s->output.size());
+  return 0;
+}
+
+int32_t shvd_output_shape(int64_t handle, int64_t* shape, int32_t cap) {
+  REQUIRE_HANDLE(e, s, handle);
+  for (int i = 0; i < int(s->output_shape.size()) && i < cap; ++i) shape[i] = s->output_shape[i];
+  return int32_t(s->output_shape.size());
+}
+
+int32_t shvd_output_ints(int64_t handle, int64_t* out, int32_t cap) {
+  REQUIRE_HANDLE(e, s, handle);
+  for (int i = 0; i < int(s->ints.size()) && i < cap; ++i) out[i] = s->ints[i];
+  return int32_t(s->ints.size());
+}
+
+int32_t shvd_release(int64_t handle) {
+  REQUIRE_ENGINE(e);
+  e->handles().release(handle);
+  return 0;
+}
+
+int32_t shvd_start_timeline(const char* path, int32_t mark_cycles) {
+  REQUIRE_ENGINE(e);
+  if (e->options().rank != 0) return 0;  // rank 0 records negotiation for every rank
+  std::string err;
+  if (!e->timeline().start(path, mark_cycles != 0, &err)) return fail(SHVD_ERR_INVALID, err);
+  return 0;
+}
+
+int32_t shvd_stop_timeline(void) {
+  REQUIRE_ENGINE(e);
+  e->timeline().stop();
+  return 0;
+}
+
+const char* shvd_last_error(void) { return t_error.c_str(); }
+int32_t shvd_last_error_kind(void) { return t_error_kind; }
+
+}  // extern "C"

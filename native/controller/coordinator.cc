@@ -1,0 +1,377 @@
+#include "coordinator.h"
+
+#include <algorithm>
+#include <sstream>
+
+namespace shvd {
+
+namespace {
+
+std::string ranks_str(const std::vector<int>& ranks) {
+  std::ostringstream s;
+  s << "[";
+  for (size_t i = 0; i < ranks.size(); ++i) s << (i ? ", " : "") << ranks[i];
+  s << "]";
+  return s.str();
+}
+
+std::string shape_str(const std::vector<int64_t>& shape) {
+  std::ostringstream s;
+  s << "[";
+  for (size_t i = 0; i < shape.size(); ++i) s << (i ? ", " : "") << shape[i];
+  s << "]";
+  return s.str();
+}
+
+int64_t num_elements(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+// Groups ranks by the value `key` gives them and describes the disagreement, e.g.
+// "ranks [0, 2] sent [4, 3]; ranks [1] sent [5, 3]". Empty string when all agree.
+template <typename Key>
+std::string disagreement(const std::vector<int>& ranks, Key key) {
+  std::vector<std::pair<std::string, std::vector<int>>> groups;
+  for (int r : ranks) {
+    std::string k = key(r);
+    auto it = std::find_if(groups.begin(), groups.end(), [&](auto& g) { return g.first == k; });
+    if (it == groups.end()) groups.push_back({k, {r}});
+    else it->second.push_back(r);
+  }
+  if (groups.size() <= 1) return "";
+  std::ostringstream s;
+  for (size_t i = 0; i < groups.size(); ++i)
+    s << (i ? "; " : "") << "ranks " << ranks_str(groups[i].second) << " sent "
+      << groups[i].first;
+  return s.str();
+}
+
+}  // namespace
+
+Coordinator::Coordinator(int world_size, ProcessSets* sets, CoordinatorOptions options)
+    : world_size_(world_size), sets_(sets), options_(options) {}
+
+void Coordinator::add_batch(const RequestBatch& batch) {
+  for (uint32_t id : batch.cached) {
+    if (id < cache_.size()) add_request(batch.rank, cache_[id].second[batch.rank]);
+  }
+  for (const Request& r : batch.requests) add_request(batch.rank, r);
+  if (batch.shutdown) {
+    shut_down_.insert(batch.rank);
+    recheck_all();
+  }
+}
+
+bool Coordinator::needs_rank(const Pending& p, int rank) const {
+  if (p.present[rank]) return false;
+  const Request* any = nullptr;
+  for (int r = 0; r < world_size_; ++r)
+    if (p.present[r]) { any = &p.by_rank[r]; break; }
+  if (!any) return false;
+  if (any->op == OpType::kAllreduce && joined_.count(rank)) return false;
+  return sets_->index_of(any->process_set, rank) >= 0;
+}
+
+std::vector<int> Coordinator::missing_ranks(const Pending& p) const {
+  std::vector<int> out;
+  for (int r = 0; r < world_size_; ++r)
+    if (needs_rank(p, r)) out.push_back(r);
+  return out;
+}
+
+void Coordinator::add_request(int rank, const Request& r) {
+  if (r.op == OpType::kJoin) {
+    joined_.insert(rank);
+    last_joined_ = rank;
+    recheck_all();
+    if (int(joined_.size()) == world_size_) {
+      Pending& p = pending_["__join__"];
+      p.ready = true;
+      ready_.push_back("__join__");
+    }
+    return;
+  }
+  auto it = pending_.find(r.name);
+  if (it == pending_.end()) {
+    Pending p;
+    p.by_rank.resize(world_size_);
+    p.present.assign(world_size_, false);
+    p.first_seen = Clock::now();
+    p.last_warned = p.first_seen;
+    it = pending_.emplace(r.name, std::move(p)).first;
+  }
+  Pending& p = it->second;
+  if (p.present[rank]) return;  // duplicates are rejected locally before they get here
+  p.by_rank[rank] = r;
+  p.present[rank] = true;
+  p.count++;
+  mark_ready_if_complete(r.name, p);
+}
+
+void Coordinator::mark_ready_if_complete(const std::string& name, Pending& p) {
+  if (p.ready) return;
+  bool blocked_by_shutdown = false;
+  for (int r = 0; r < world_size_; ++r) {
+    if (needs_rank(p, r)) {
+      if (!shut_down_.count(r)) return;
+      blocked_by_shutdown = true;
+    }
+  }
+  (void)blocked_by_shutdown;
+  p.ready = true;
+  if (ready_.empty()) first_ready_time_ = Clock::now();
+  ready_.push_back(name);
+}
+
+void Coordinator::recheck_all() {
+  for (auto& kv : pending_) mark_ready_if_complete(kv.first, kv.second);
+}
+
+Response Coordinator::build_join_response() {
+  Response resp;
+  resp.op = OpType::kJoin;
+  resp.names = {"__join__"};
+  resp.last_joined = last_joined_;
+  joined_.clear();
+  return resp;
+}
+
+Response Coordinator::build_response(const std::string& name, Pending& p) {
+  std::vector<int> submitted;
+  for (int r = 0; r < world_size_; ++r)
+    if (p.present[r]) submitted.push_back(r);
+  const Request& first = p.by_rank[submitted.front()];
+  Response resp;
+  resp.op = first.op;
+  resp.names = {name};
+  resp.dtype = first.dtype;
+  resp.reduce_op = first.reduce_op;
+  resp.prescale = first.prescale;
+  resp.postscale = first.postscale;
+  resp.root = first.root;
+  resp.process_set = first.process_set;
+  resp.shapes = {first.shape};
+  resp.joined.assign(joined_.begin(), joined_.end());
+  auto fail = [&](const std::string& what) {
+    resp.error = what;
+    return resp;
+  };
+  auto by = [&](auto field) {
+    return [&, field](int r) { return field(p.by_rank[r]); };
+  };
+  const std::string tensor = "tensor '" + name + "'";
+
+  // A rank that shut down can no longer take part.
+  std::vector<int> gone;
+  for (int r = 0; r < world_size_; ++r)
+    if (needs_rank(p, r) && shut_down_.count(r)) gone.push_back(r);
+  if (!gone.empty()) {
+    resp.error_is_mismatch = false;
+    return fail("ranks " + ranks_str(gone) + " have shut down spark_hvd and cannot complete " +
+                op_type_name(first.op) + " of " + tensor);
+  }
+  std::string d = disagreement(submitted, by([](const Request& q) { return std::string(op_type_name(q.op)); }));
+  if (!d.empty()) return fail("Mismatched collective operations for " + tensor + ": " + d);
+  d = disagreement(submitted, by([](const Request& q) { return std::to_string(q.process_set); }));
+  if (!d.empty()) return fail("Mismatched process sets for " + tensor + ": " + d);
+  if (first.op != OpType::kBarrier && first.op != OpType::kAddProcessSet &&
+      first.op != OpType::kRemoveProcessSet) {
+    d = disagreement(submitted, by([](const Request& q) { return std::string(dtype_name(q.dtype)); }));
+    if (!d.empty()) return fail("Mismatched data types for " + tensor + ": " + d);
+  }
+  d = disagreement(submitted, by([](const Request& q) { return std::to_string(q.group_size) + " tensors in group '" + q.group + "'"; }));
+  if (!d.empty()) return fail("Mismatched grouped operation for " + tensor + ": " + d);
+  if (!joined_.empty() && first.op != OpType::kAllreduce) {
+    return fail(std::string(op_type_name(first.op)) + " of " + tensor +
+                " is not supported while ranks " +
+                ranks_str(std::vector<int>(joined_.begin(), joined_.end())) +
+                " have joined; only allreduce continues after join()");
+  }
+  const std::vector<int> members = sets_->members(first.process_set);
+  switch (first.op) {
+    case OpType::kAllreduce:
+    case OpType::kReducescatter:
+    case OpType::kBroadcast:
+      d = disagreement(submitted, by([](const Request& q) { return shape_str(q.shape); }));
+      if (!d.empty()) return fail("Mismatched shapes for " + tensor + " in " + op_type_name(first.op) + ": " + d);
+      if (first.op == OpType::kBroadcast) {
+        d = disagreement(submitted, by([](const Request& q) { return "root rank " + std::to_string(q.root); }));
+        if (!d.empty()) return fail("Mismatched root ranks for " + tensor + " in broadcast: " + d);
+      } else {
+        d = disagreement(submitted, by([](const Request& q) {
+          std::ostringstream s;
+          s << "op " << reduce_op_name(q.reduce_op) << " prescale " << q.prescale << " postscale " << q.postscale;
+          return s.str();
+        }));
+        if (!d.empty()) return fail("Mismatched reduction for " + tensor + ": " + d);
+      }
+      break;
+    case OpType::kAllgather:
+    case OpType::kAlltoall: {
+      d = disagreement(submitted, by([](const Request& q) {
+        if (q.shape.empty()) return std::string("a scalar");
+        return "trailing dims " + shape_str(std::vector<int64_t>(q.shape.begin() + 1, q.shape.end()));
+      }));
+      if (!d.empty())
+        return fail("Mismatched shapes for " + tensor + " in " + op_type_name(first.op) +
+                    " (all dimensions but the first must agree): " + d);
+      if (first.op == OpType::kAllgather) {
+        for (int g : members) resp.first_dims.push_back(p.by_rank[g].shape.empty() ? 1 : p.by_rank[g].shape[0]);
+      } else {
+        for (int g : members) {
+          const auto& s = p.by_rank[g].splits;
+          if (s.size() != members.size())
+            return fail("Mismatched splits for " + tensor + " in alltoall: rank " + std::to_string(g) +
+                        " gave " + std::to_string(s.size()) + " splits for a process set of " +
+                        std::to_string(members.size()) + " ranks");
+          resp.splits_matrix.insert(resp.splits_matrix.end(), s.begin(), s.end());
+        }
+      }
+      break;
+    }
+    case OpType::kAddProcessSet:
+      d = disagreement(submitted, by([](const Request& q) { return "ranks " + shape_str(q.splits); }));
+      if (!d.empty()) return fail("Mismatched add_process_set calls: " + d);
+      resp.splits_matrix = first.splits;
+      break;
+    case OpType::kRemoveProcessSet:
+      d = disagreement(submitted, by([](const Request& q) { return "process set " + std::to_string(q.root); }));
+      if (!d.empty()) return fail("Mismatched remove_process_set calls: " + d);
+      break;
+    default:
+      break;
+  }
+
+  // Response cache: remember every rank's request so later rounds can send just the id.
+  int64_t cache_id = -1;
+  if (options_.cache_capacity > 0 && first.op != OpType::kAddProcessSet &&
+      first.op != OpType::kRemoveProcessSet && first.group.empty()) {
+    auto c = cache_by_name_.find(name);
+    if (c != cache_by_name_.end()) {
+      cache_id = c->second;
+    } else if (cache_.size() < options_.cache_capacity) {
+      cache_id = cache_.size();
+      cache_.push_back({name, std::vector<Request>(world_size_)});
+      cache_by_name_[name] = uint32_t(cache_id);
+    }
+    if (cache_id >= 0)
+      for (int r : submitted) cache_[cache_id].second[r] = p.by_rank[r];
+  }
+  resp.cache_ids = {cache_id};
+  return resp;
+}
+
+size_t Coordinator::response_bytes(const Response& r) const {
+  size_t total = 0;
+  for (const auto& s : r.shapes) total += size_t(num_elements(s)) * dtype_size(r.dtype);
+  return total;
+}
+
+std::vector<Response> Coordinator::fuse(std::vector<Response> responses) const {
+  std::vector<Response> out;
+  for (auto& r : responses) {
+    if (!out.empty() && r.error.empty() && r.op == OpType::kAllreduce) {
+      Response& last = out.back();
+      if (last.error.empty() && last.op == OpType::kAllreduce && last.dtype == r.dtype &&
+          last.reduce_op == r.reduce_op && last.prescale == r.prescale &&
+          last.postscale == r.postscale && last.process_set == r.process_set &&
+          last.joined == r.joined &&
+          response_bytes(last) + response_bytes(r) <= options_.fusion_threshold_bytes) {
+        last.names.insert(last.names.end(), r.names.begin(), r.names.end());
+        last.shapes.insert(last.shapes.end(), r.shapes.begin(), r.shapes.end());
+        last.cache_ids.insert(last.cache_ids.end(), r.cache_ids.begin(), r.cache_ids.end());
+        continue;
+      }
+    }
+    out.push_back(std::move(r));
+  }
+  return out;
+}
+
+std::vector<Response> Coordinator::take_ready(Clock::time_point now) {
+  if (ready_.empty()) return {};
+  // Hold back briefly while other allreduces are partially submitted: they are likely the rest
+  // of this step's gradients and fusing them saves whole collectives.
+  bool stragglers = false;
+  for (const auto& kv : pending_)
+    if (!kv.second.ready && kv.second.count > 0) { stragglers = true; break; }
+  const auto window = std::chrono::duration<double, std::milli>(options_.cycle_time_ms);
+  if (stragglers && now - first_ready_time_ < window) return {};
+
+  std::vector<Response> responses;
+  std::deque<std::string> held;  // grouped tensors waiting for the rest of their group
+  std::unordered_map<std::string, int> group_ready;
+  for (const auto& name : ready_) {
+    const Pending& p = pending_[name];
+    for (int r = 0; r < world_size_; ++r)
+      if (p.present[r]) {
+        if (!p.by_rank[r].group.empty()) group_ready[p.by_rank[r].group]++;
+        break;
+      }
+  }
+  for (const auto& name : ready_) {
+    if (name == "__join__") {
+      responses.push_back(build_join_response());
+      pending_.erase(name);
+      continue;
+    }
+    Pending& p = pending_[name];
+    const Request* first = nullptr;
+    for (int r = 0; r < world_size_; ++r)
+      if (p.present[r]) { first = &p.by_rank[r]; break; }
+    if (first && !first->group.empty() && group_ready[first->group] < first->group_size) {
+      held.push_back(name);
+      continue;
+    }
+    responses.push_back(build_response(name, p));
+    pending_.erase(name);
+  }
+  ready_ = std::move(held);
+  if (!ready_.empty()) first_ready_time_ = now;
+  return fuse(std::move(responses));
+}
+
+Coordinator::Clock::time_point Coordinator::next_deadline(Clock::time_point now) const {
+  auto deadline = now + std::chrono::seconds(1);
+  if (!ready_.empty()) {
+    auto w = first_ready_time_ + std::chrono::microseconds(int64_t(options_.cycle_time_ms * 1000));
+    deadline = std::min(deadline, w);
+  }
+  return deadline;
+}
+
+std::string Coordinator::inspect_stalls(Clock::time_point now,
+                                        const std::function<void(const std::string&)>& warn) {
+  if (options_.stall_warning_seconds <= 0) return "";
+  if (now - last_stall_check_ < std::chrono::milliseconds(500)) return "";
+  last_stall_check_ = now;
+  const auto warn_after = std::chrono::duration<double>(options_.stall_warning_seconds);
+  const auto abort_after = std::chrono::duration<double>(options_.stall_shutdown_seconds);
+  for (auto& kv : pending_) {
+    Pending& p = kv.second;
+    if (p.ready || p.count == 0) continue;
+    const auto age = now - p.first_seen;
+    if (age < warn_after) continue;
+    std::vector<int> have;
+    for (int r = 0; r < world_size_; ++r)
+      if (p.present[r]) have.push_back(r);
+    const std::vector<int> missing = missing_ranks(p);
+    std::ostringstream msg;
+    msg << "tensor '" << kv.first << "' was submitted by ranks " << ranks_str(have)
+        << " but ranks " << ranks_str(missing) << " have not submitted it for "
+        << int(std::chrono::duration<double>(age).count()) << " s";
+    if (options_.stall_shutdown_seconds > 0 && age >= abort_after)
+      return "stall inspector: " + msg.str() + " (SPARK_HVD_STALL_SHUTDOWN_TIME_SECONDS exceeded)";
+    if (now - p.last_warned >= warn_after || p.last_warned == p.first_seen) {
+      p.last_warned = now;
+      warn("Stall detected: " + msg.str() +
+           ". One or more ranks may be stuck, or they submit tensors in a different set or "
+           "under different names.");
+    }
+  }
+  return "";
+}
+
+}  // namespace shvd

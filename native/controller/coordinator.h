@@ -1,0 +1,85 @@
+// Rank 0's negotiation state: which ranks have submitted which named tensors, whether their
+// requests agree, and which tensors are ready on every member of their process set. Produces the
+// responses every rank executes in the same order, fusing small allreduces into one.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <set>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "message.h"
+#include "process_sets.h"
+
+namespace shvd {
+
+struct CoordinatorOptions {
+  size_t fusion_threshold_bytes = 128u << 20;
+  double cycle_time_ms = 0.5;          // wait this long for stragglers to fuse with ready tensors
+  size_t cache_capacity = 1024;        // response-cache entries (0 disables)
+  double stall_warning_seconds = 60;   // <= 0 disables the stall inspector
+  double stall_shutdown_seconds = 0;   // > 0: abort the job after this long
+};
+
+class Coordinator {
+ public:
+  using Clock = std::chrono::steady_clock;
+
+  Coordinator(int world_size, ProcessSets* sets, CoordinatorOptions options);
+
+  // Incorporates one rank's batch (cached ids are resolved to the request they stand for).
+  void add_batch(const RequestBatch& batch);
+
+  // Responses ready to execute now. Empty while waiting (up to the cycle time) for stragglers
+  // that could be fused with what is ready.
+  std::vector<Response> take_ready(Clock::time_point now);
+
+  // The latest time the engine should wake up again for take_ready / stall checks.
+  Clock::time_point next_deadline(Clock::time_point now) const;
+
+  bool all_shut_down() const { return int(shut_down_.size()) == world_size_; }
+
+  // Warnings for tensors some ranks submitted and others did not (stall inspector). Returns a
+  // non-empty message when the stall exceeded the shutdown limit and the job must abort.
+  std::string inspect_stalls(Clock::time_point now, const std::function<void(const std::string&)>& warn);
+
+ private:
+  struct Pending {
+    std::vector<Request> by_rank;   // indexed by global rank
+    std::vector<bool> present;
+    int count = 0;
+    Clock::time_point first_seen;
+    Clock::time_point last_warned;
+    bool ready = false;
+  };
+
+  void add_request(int rank, const Request& r);
+  void mark_ready_if_complete(const std::string& name, Pending& p);
+  void recheck_all();
+  Response build_response(const std::string& name, Pending& p);
+  Response build_join_response();
+  bool needs_rank(const Pending& p, int rank) const;
+  std::vector<int> missing_ranks(const Pending& p) const;
+  std::vector<Response> fuse(std::vector<Response> responses) const;
+  size_t response_bytes(const Response& r) const;
+
+  const int world_size_;
+  ProcessSets* sets_;
+  CoordinatorOptions options_;
+  std::unordered_map<std::string, Pending> pending_;
+  std::deque<std::string> ready_;  // names in the order they became ready
+  Clock::time_point first_ready_time_{};
+  std::set<int> joined_;
+  int last_joined_ = -1;
+  std::set<int> shut_down_;
+  // Response cache: id -> (name, per-rank request); name -> id.
+  std::vector<std::pair<std::string, std::vector<Request>>> cache_;
+  std::unordered_map<std::string, uint32_t> cache_by_name_;
+  Clock::time_point last_stall_check_{};
+};
+
+}  // namespace shvd

@@ -1,0 +1,83 @@
+// Negotiation messages between workers and the coordinator (rank 0), and their byte encoding.
+// A worker sends a RequestBatch whenever it has new tensors; the coordinator answers every rank
+// with the same sequence of ResponseBatches, which all ranks execute in order.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "../common/types.h"
+
+namespace shvd {
+
+enum class OpType : int32_t {
+  kAllreduce = 0,
+  kAllgather = 1,
+  kBroadcast = 2,
+  kAlltoall = 3,
+  kReducescatter = 4,
+  kBarrier = 5,
+  kJoin = 6,
+  kAddProcessSet = 7,     // splits = the member ranks
+  kRemoveProcessSet = 8,  // root = the process set id
+};
+const char* op_type_name(OpType op);
+
+// What one rank asks for one named tensor.
+struct Request {
+  OpType op = OpType::kAllreduce;
+  std::string name;
+  DataType dtype = DataType::kFloat32;
+  std::vector<int64_t> shape;
+  ReduceOp reduce_op = ReduceOp::kSum;
+  double prescale = 1.0;
+  double postscale = 1.0;
+  int32_t root = 0;            // broadcast: root rank within the process set
+  int32_t process_set = 0;
+  std::vector<int64_t> splits; // alltoall: rows sent to each member
+  std::string group;           // grouped ops: negotiated and answered together
+  int32_t group_size = 0;
+
+  bool same_params(const Request& o) const;
+};
+
+struct RequestBatch {
+  int32_t rank = 0;
+  std::vector<Request> requests;
+  std::vector<uint32_t> cached;  // response-cache ids standing for a request seen before
+  bool shutdown = false;
+};
+
+// The coordinator's decision for one or more tensors (several = fused into one collective).
+struct Response {
+  OpType op = OpType::kAllreduce;
+  std::vector<std::string> names;
+  std::string error;           // non-empty: every member fails these tensors with this message
+  bool error_is_mismatch = true;  // ValueError (mismatch/bad input) vs HorovodInternalError
+  DataType dtype = DataType::kFloat32;
+  ReduceOp reduce_op = ReduceOp::kSum;
+  double prescale = 1.0;
+  double postscale = 1.0;
+  int32_t root = 0;
+  int32_t process_set = 0;
+  std::vector<std::vector<int64_t>> shapes;  // per name: the (first member's) shape
+  std::vector<int64_t> first_dims;           // allgather: names x members
+  std::vector<int64_t> splits_matrix;        // alltoall: members x members, row = sender
+  std::vector<int32_t> joined;               // global ranks that had joined (contribute zeros)
+  int32_t last_joined = -1;                  // join: the last rank to join
+  std::vector<int64_t> cache_ids;            // per name: response-cache id or -1
+};
+
+struct ResponseBatch {
+  std::vector<Response> responses;
+  bool shutdown = false;
+  std::string abort;  // non-empty: the job is being torn down (a peer died)
+};
+
+std::string encode(const RequestBatch& b);
+RequestBatch decode_request_batch(const std::string& bytes);
+std::string encode(const ResponseBatch& b);
+ResponseBatch decode_response_batch(const std::string& bytes);
+
+}  // namespace shvd

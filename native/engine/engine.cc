@@ -1,0 +1,335 @@
+#include "engine.h"
+
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <iostream>
+
+#include "../include/spark_hvd.h"
+
+namespace shvd {
+
+namespace {
+using Clock = std::chrono::steady_clock;
+
+int64_t num_elements(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+}  // namespace
+
+Engine::Engine(EngineOptions options, Mesh mesh, bool shared_memory)
+    : options_(std::move(options)), mesh_(std::move(mesh)), shared_memory_(shared_memory) {
+  sets_.reset(options_.size);
+  for (const auto& ranks : options_.static_process_sets) sets_.add(ranks);
+  if (options_.rank == 0)
+    coordinator_ = std::make_unique<Coordinator>(options_.size, &sets_, options_.coordinator);
+  wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  global_abort().reset();
+  thread_ = std::thread([this] { loop(); });
+}
+
+Engine::~Engine() {
+  shutdown();
+  if (wake_fd_ >= 0) close(wake_fd_);
+}
+
+std::vector<int64_t> Engine::enqueue(std::vector<Entry> entries) {
+  std::vector<int64_t> ids;
+  std::lock_guard<std::mutex> lock(queue_mu_);
+  if (!abort_reason_.empty())
+    throw PeerLostError("spark_hvd job was aborted: " + abort_reason_);
+  if (stopped_ || shutdown_requested_)
+    throw std::logic_error("spark_hvd has been shut down; call init() again first");
+  std::unordered_set<std::string> names;
+  for (const Entry& e : entries) {
+    const std::string& n = e.request.name;
+    if (in_flight_.count(n) || !names.insert(n).second)
+      throw OpMismatchError("A collective named '" + n +
+                            "' is already in flight on this rank; names must be unique until "
+                            "the previous op with that name completes");
+  }
+  for (Entry& e : entries) {
+    in_flight_.insert(e.request.name);
+    ids.push_back(handles_.create(&e.state));
+    queue_.push_back(std::move(e));
+  }
+  uint64_t one = 1;
+  ssize_t ignored = write(wake_fd_, &one, sizeof one);
+  (void)ignored;
+  return ids;
+}
+
+void Engine::shutdown() {
+  {
+    std::lock_guard<std::mutex> lock(queue_mu_);
+    shutdown_requested_ = true;
+  }
+  uint64_t one = 1;
+  ssize_t ignored = write(wake_fd_, &one, sizeof one);
+  (void)ignored;
+  if (thread_.joinable()) thread_.join();
+  timeline_.stop();
+}
+
+void Engine::complete(Entry& entry, int error_kind, const std::string& error) {
+  entry.state->error_kind = error_kind;
+  entry.state->error = error;
+  {
+    std::lock_guard<std::mutex> lock(queue_mu_);
+    in_flight_.erase(entry.request.name);
+  }
+  handles_.complete(entry.state);
+}
+
+void Engine::send_frame(Link* link, const std::string& payload) {
+  uint32_t n = payload.size();
+  std::string frame(reinterpret_cast<const char*>(&n), sizeof n);
+  frame += payload;
+  link->send(frame.data(), frame.size());
+}
+
+std::string Engine::recv_frame(Link* link) {
+  uint32_t n = 0;
+  link->recv(&n, sizeof n);
+  std::string payload(n, '\0');
+  if (n) link->recv(&payload[0], n);
+  return payload;
+}
+
+const Communicator& Engine::communicator(int process_set) {
+  auto it = communicators_.find(process_set);
+  if (it != communicators_.end()) return it->second;
+  Communicator c;
+  c.global_ranks = sets_.members(process_set);
+  c.size = int(c.global_ranks.size());
+  c.rank = sets_.index_of(process_set, options_.rank);
+  for (int g : c.global_ranks) c.links.push_back(g == options_.rank ? nullptr : mesh_.data[g].get());
+  return communicators_.emplace(process_set, std::move(c)).first->second;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The loop: wait for local work or a control message, negotiate, execute.
+
+void Engine::loop() {
+  try {
+    while (!finished_) {
+      wait_for_work();
+      if (timeline_.active()) timeline_.cycle();
+      if (options_.rank == 0) run_coordinator();
+      else run_worker();
+    }
+  } catch (const std::exception& e) {
+    abort_job(e.what());
+  }
+  std::lock_guard<std::mutex> lock(queue_mu_);
+  stopped_ = true;
+}
+
+void Engine::wait_for_work() {
+  std::vector<pollfd> fds;
+  fds.push_back({wake_fd_, POLLIN, 0});
+  for (auto& link : mesh_.control)
+    if (link) fds.push_back({link->fd(), POLLIN, 0});
+  int timeout_ms = 1000;
+  if (coordinator_) {
+    auto now = Clock::now();
+    auto wait = coordinator_->next_deadline(now) - now;
+    timeout_ms = int(std::max<int64_t>(
+        0, std::chrono::duration_cast<std::chrono::microseconds>(wait).count() + 999) / 1000);
+  }
+  // Check briefly without sleeping first: back-to-back small collectives arrive within
+  // microseconds and a sleep/wake costs more than the op itself.
+  for (int spin = 0; spin < 50; ++spin) {
+    if (poll(fds.data(), fds.size(), 0) > 0) break;
+    if (spin == 49) poll(fds.data(), fds.size(), timeout_ms);
+    else std::this_thread::yield();
+  }
+  if (fds[0].revents & POLLIN) {
+    uint64_t v;
+    ssize_t ignored = read(wake_fd_, &v, sizeof v);
+    (void)ignored;
+  }
+}
+
+std::vector<Entry> Engine::take_queue() {
+  std::lock_guard<std::mutex> lock(queue_mu_);
+  std::vector<Entry> out;
+  out.swap(queue_);
+  return out;
+}
+
+// Moves new local entries into the table and turns them into requests (cached ids where the
+// same request was answered before).
+void Engine::submit(std::vector<Entry> entries) {
+  RequestBatch batch;
+  batch.rank = options_.rank;
+  for (Entry& e : entries) {
+    const Request& req = e.request;
+    if (timeline_.active()) timeline_.begin(req.name, "NEGOTIATE");
+    auto c = cache_.find(req.name);
+    if (c != cache_.end() && c->second.second.same_params(req) && options_.rank != 0)
+      batch.cached.push_back(c->second.first);
+    else
+      batch.requests.push_back(req);
+    table_.emplace(req.name, std::move(e));
+  }
+  bool shutdown;
+  {
+    std::lock_guard<std::mutex> lock(queue_mu_);
+    shutdown = shutdown_requested_ && queue_.empty();
+  }
+  if (shutdown && !shutdown_sent_) {
+    batch.shutdown = true;
+    shutdown_sent_ = true;
+  }
+  if (batch.requests.empty() && batch.cached.empty() && !batch.shutdown) return;
+  if (options_.rank == 0) coordinator_->add_batch(batch);
+  else send_frame(mesh_.control[0].get(), encode(batch));
+}
+
+void Engine::run_coordinator() {
+  submit(take_queue());
+  for (int r = 1; r < options_.size; ++r) {
+    Link* link = mesh_.control[r].get();
+    pollfd pfd{link->fd(), POLLIN, 0};
+    while (poll(&pfd, 1, 0) > 0 && (pfd.revents & (POLLIN | POLLHUP | POLLERR))) {
+      RequestBatch b = decode_request_batch(recv_frame(link));
+      if (timeline_.active())
+        for (const auto& q : b.requests) timeline_.instant(q.name, "rank " + std::to_string(b.rank) + " ready");
+      coordinator_->add_batch(b);
+    }
+  }
+  const auto now = Clock::now();
+  std::string stall = coordinator_->inspect_stalls(now, [](const std::string& msg) {
+    std::cerr << "spark_hvd WARNING: " << msg << std::endl;
+  });
+  if (!stall.empty()) throw PeerLostError(stall);
+
+  ResponseBatch batch;
+  batch.responses = coordinator_->take_ready(now);
+  batch.shutdown = coordinator_->all_shut_down();
+  if (batch.responses.empty() && !batch.shutdown) return;
+  const std::string frame = encode(batch);
+  for (int r = 1; r < options_.size; ++r) send_frame(mesh_.control[r].get(), frame);
+  for (const Response& resp : batch.responses) execute(resp);
+  if (batch.shutdown) finished_ = true;
+}
+
+void Engine::run_worker() {
+  submit(take_queue());
+  Link* link = mesh_.control[0].get();
+  pollfd pfd{link->fd(), POLLIN, 0};
+  while (!finished_ && poll(&pfd, 1, 0) > 0 && (pfd.revents & (POLLIN | POLLHUP | POLLERR))) {
+    ResponseBatch batch = decode_response_batch(recv_frame(link));
+    if (!batch.abort.empty()) throw PeerLostError(batch.abort);
+    for (const Response& resp : batch.responses) execute(resp);
+    if (batch.shutdown) finished_ = true;
+  }
+}
+
+void Engine::abort_job(const std::string& why) {
+  global_abort().raise(why);
+  // Best effort: tell the workers why before the connections close, so their errors name the
+  // real cause rather than "lost connection to rank 0".
+  if (options_.rank == 0) {
+    ResponseBatch b;
+    b.abort = why;
+    std::string payload = encode(b);
+    uint32_t n = payload.size();
+    std::string frame(reinterpret_cast<const char*>(&n), sizeof n);
+    frame += payload;
+    for (int r = 1; r < options_.size; ++r) {
+      try {
+        if (mesh_.control[r]) mesh_.control[r]->try_send(frame.data(), frame.size());
+      } catch (...) {
+      }
+    }
+  }
+  std::vector<Entry> queued;
+  {
+    std::lock_guard<std::mutex> lock(queue_mu_);
+    abort_reason_ = why;
+    queued.swap(queue_);
+  }
+  for (auto& kv : table_) complete(kv.second, SHVD_ERR_INTERNAL, "spark_hvd job aborted: " + why);
+  for (auto& e : queued) complete(e, SHVD_ERR_INTERNAL, "spark_hvd job aborted: " + why);
+  table_.clear();
+  // Closing our links makes peers blocked on us fail fast too.
+  mesh_.data.clear();
+  mesh_.control.clear();
+  communicators_.clear();
+  finished_ = true;
+}
+
+// ---------------------------------------------------------------------------------------------
+
+void Engine::execute(const Response& resp) {
+  // Process-set bookkeeping happens on every rank, members or not, so ids stay in step.
+  if (resp.op == OpType::kAddProcessSet || resp.op == OpType::kRemoveProcessSet) {
+    int id = -1;
+    if (resp.error.empty()) {
+      if (resp.op == OpType::kAddProcessSet) {
+        std::vector<int> ranks(resp.splits_matrix.begin(), resp.splits_matrix.end());
+        id = sets_.add(ranks);
+      } else {
+        sets_.remove(resp.root);
+        communicators_.erase(resp.root);
+        id = resp.root;
+      }
+    }
+    auto it = table_.find(resp.names[0]);
+    if (it != table_.end()) {
+      it->second.state->ints = {id};
+      complete(it->second, resp.error.empty() ? 0 : SHVD_ERR_INVALID, resp.error);
+      table_.erase(it);
+    }
+    return;
+  }
+  if (resp.op == OpType::kJoin) {
+    auto it = table_.find("__join__");
+    if (it != table_.end()) {
+      it->second.state->ints = {resp.last_joined};
+      complete(it->second);
+      table_.erase(it);
+    }
+    return;
+  }
+  const int my_index = sets_.index_of(resp.process_set, options_.rank);
+  std::vector<Entry*> entries;
+  for (const auto& name : resp.names) {
+    auto it = table_.find(name);
+    entries.push_back(it == table_.end() ? nullptr : &it->second);
+  }
+  // Keep the response cache in step with the coordinator's.
+  for (size_t i = 0; i < resp.names.size(); ++i)
+    if (i < resp.cache_ids.size() && resp.cache_ids[i] >= 0 && entries[i])
+      cache_[resp.names[i]] = {uint32_t(resp.cache_ids[i]), entries[i]->request};
+
+  if (!resp.error.empty()) {
+    for (Entry* e : entries)
+      if (e) complete(*e, resp.error_is_mismatch ? SHVD_ERR_INVALID : SHVD_ERR_INTERNAL, resp.error);
+  } else if (my_index >= 0) {
+    const Communicator& comm = communicator(resp.process_set);
+    for (size_t i = 0; i < resp.names.size(); ++i)
+      if (entries[i] && timeline_.active()) timeline_.end(resp.names[i], "NEGOTIATE");
+    switch (resp.op) {
+      case OpType::kAllreduce: run_allreduce(resp, entries, comm); break;
+      case OpType::kAllgather: run_allgather(resp, *entries[0], comm); break;
+      case OpType::kBroadcast: run_broadcast(resp, *entries[0], comm); break;
+      case OpType::kAlltoall: run_alltoall(resp, *entries[0], comm); break;
+      case OpType::kReducescatter: run_reducescatter(resp, *entries[0], comm); break;
+      case OpType::kBarrier: break;
+      default: break;
+    }
+    for (Entry* e : entries)
+      if (e) complete(*e);
+  }
+  for (const auto& name : resp.names) table_.erase(name);
+}
+
+}  // namespace shvd

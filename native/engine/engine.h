@@ -1,0 +1,114 @@
+// The background engine: one thread per process that takes enqueued named tensors, negotiates
+// with the coordinator (rank 0) which are ready on every member of their process set, fuses
+// small allreduces, runs the collectives and completes the handles.
+//
+// User threads only touch the queue (enqueue) and handles; everything else, including every
+// link, belongs to the engine thread.
+#pragma once
+
+#include <chrono>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+#include "../algorithms/collectives.h"
+#include "../controller/coordinator.h"
+#include "../controller/message.h"
+#include "../controller/process_sets.h"
+#include "../timeline/timeline.h"
+#include "../transport/mesh.h"
+#include "fusion_buffer.h"
+#include "handles.h"
+
+namespace shvd {
+
+struct EngineOptions {
+  int rank = 0, size = 1, local_rank = 0, local_size = 1, cross_rank = 0, cross_size = 1;
+  CoordinatorOptions coordinator;
+  size_t ring_threshold_bytes = kDefaultRingThresholdBytes;
+  std::vector<std::vector<int>> static_process_sets;
+};
+
+// One enqueued op as the engine keeps it until completion.
+struct Entry {
+  Request request;
+  const void* input = nullptr;
+  void* output = nullptr;
+  std::shared_ptr<HandleState> state;
+};
+
+class Engine {
+ public:
+  Engine(EngineOptions options, Mesh mesh, bool shared_memory);
+  ~Engine();
+
+  const EngineOptions& options() const { return options_; }
+  ProcessSets& process_sets() { return sets_; }
+  HandleTable& handles() { return handles_; }
+  Timeline& timeline() { return timeline_; }
+  bool shared_memory() const { return shared_memory_; }
+
+  // Validates and queues ops (all or none). Throws OpMismatchError for bad input, PeerLostError
+  // if the job was aborted, std::logic_error after shutdown.
+  std::vector<int64_t> enqueue(std::vector<Entry> entries);
+
+  // Coordinated shutdown: returns once every rank has shut down (or the job aborted).
+  void shutdown();
+
+ private:
+  void loop();
+  void wait_for_work();
+  std::vector<Entry> take_queue();
+  void submit(std::vector<Entry> entries);
+  void run_coordinator();
+  void run_worker();
+  void execute(const Response& response);
+  void complete(Entry& entry, int error_kind = 0, const std::string& error = "");
+  void abort_job(const std::string& why);
+  void send_frame(Link* link, const std::string& payload);
+  std::string recv_frame(Link* link);
+  const Communicator& communicator(int process_set);
+
+  // Op execution (execute.cc).
+  void run_allreduce(const Response& r, std::vector<Entry*>& entries, const Communicator& comm);
+  void run_allgather(const Response& r, Entry& e, const Communicator& comm);
+  void run_broadcast(const Response& r, Entry& e, const Communicator& comm);
+  void run_alltoall(const Response& r, Entry& e, const Communicator& comm);
+  void run_reducescatter(const Response& r, Entry& e, const Communicator& comm);
+
+  EngineOptions options_;
+  Mesh mesh_;
+  bool shared_memory_;
+  ProcessSets sets_;
+  HandleTable handles_;
+  Timeline timeline_;
+  Scratch scratch_;
+  FusionBuffer fusion_;
+  std::unique_ptr<Coordinator> coordinator_;  // rank 0 only
+  std::map<int, Communicator> communicators_;
+
+  // Shared with user threads.
+  std::mutex queue_mu_;
+  std::vector<Entry> queue_;
+  std::unordered_set<std::string> in_flight_;  // names enqueued and not yet completed
+  bool shutdown_requested_ = false;
+  bool stopped_ = false;
+  std::string abort_reason_;
+  int wake_fd_ = -1;  // eventfd: enqueue/shutdown wake the engine thread
+
+  // Engine thread only.
+  std::unordered_map<std::string, Entry> table_;  // negotiating or waiting to execute
+  std::unordered_map<std::string, std::pair<uint32_t, Request>> cache_;  // response cache
+  bool shutdown_sent_ = false;
+  bool finished_ = false;
+  std::thread thread_;
+};
+
+}  // namespace shvd

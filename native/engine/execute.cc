@@ -1,0 +1,172 @@
+// Executing one negotiated response: moving tensors in and out of the fusion buffer, scaling,
+// and calling the algorithm. Every member of the process set runs the same code on the same
+// response, so buffer sizes and algorithm choices agree without further messages.
+#include <cstring>
+
+#include "../algorithms/reduce_kernels.h"
+#include "engine.h"
+
+namespace shvd {
+
+namespace {
+
+int64_t num_elements(const std::vector<int64_t>& shape, size_t from = 0) {
+  int64_t n = 1;
+  for (size_t i = from; i < shape.size(); ++i) n *= shape[i];
+  return n;
+}
+
+// Runs `body` inside a timeline phase for every named tensor (no-op when not recording).
+template <typename F>
+void phase(Timeline& tl, const std::vector<std::string>& names, const char* what, F body) {
+  const bool on = tl.active();
+  if (on)
+    for (const auto& n : names) tl.begin(n, what);
+  body();
+  if (on)
+    for (const auto& n : names) tl.end(n, what);
+}
+
+const char* phase_name(OpType op) {
+  switch (op) {
+    case OpType::kAllreduce: return "ALLREDUCE";
+    case OpType::kAllgather: return "ALLGATHER";
+    case OpType::kBroadcast: return "BROADCAST";
+    case OpType::kAlltoall: return "ALLTOALL";
+    case OpType::kReducescatter: return "REDUCESCATTER";
+    default: return "COLLECTIVE";
+  }
+}
+
+double final_scale(const Response& r, int set_size) {
+  double f = r.postscale;
+  if (r.reduce_op == ReduceOp::kAverage) f /= set_size;
+  return f;
+}
+
+}  // namespace
+
+void Engine::run_allreduce(const Response& r, std::vector<Entry*>& entries,
+                           const Communicator& comm) {
+  const size_t esize = dtype_size(r.dtype);
+  std::vector<size_t> counts;
+  size_t total = 0;
+  for (const auto& s : r.shapes) {
+    counts.push_back(size_t(num_elements(s)));
+    total += counts.back();
+  }
+  const double post = final_scale(r, comm.size);
+  auto reduce = [&](void* buf) {
+    if (r.prescale != 1.0) scale_buffer(buf, total, r.dtype, r.prescale);
+    allreduce(comm, buf, total, r.dtype, r.reduce_op, scratch_, options_.ring_threshold_bytes);
+    if (post != 1.0) scale_buffer(buf, total, r.dtype, post);
+  };
+
+  if (entries.size() == 1 && entries[0]) {
+    // A lone tensor is reduced in its output buffer: no fusion copies.
+    Entry& e = *entries[0];
+    if (e.output != e.input) std::memcpy(e.output, e.input, total * esize);
+    phase(timeline_, r.names, "ALLREDUCE", [&] { reduce(e.output); });
+    return;
+  }
+  auto* fused = static_cast<uint8_t*>(fusion_.reserve(total * esize));
+  phase(timeline_, r.names, "MEMCPY_IN_FUSION_BUFFER", [&] {
+    size_t off = 0;
+    for (size_t i = 0; i < entries.size(); ++i) {
+      const size_t bytes = counts[i] * esize;
+      // A rank that has joined contributes zeros for tensors it never submitted.
+      if (entries[i]) std::memcpy(fused + off, entries[i]->input, bytes);
+      else std::memset(fused + off, 0, bytes);
+      off += bytes;
+    }
+  });
+  phase(timeline_, r.names, "ALLREDUCE", [&] { reduce(fused); });
+  phase(timeline_, r.names, "MEMCPY_OUT_FUSION_BUFFER", [&] {
+    size_t off = 0;
+    for (size_t i = 0; i < entries.size(); ++i) {
+      const size_t bytes = counts[i] * esize;
+      if (entries[i]) std::memcpy(entries[i]->output, fused + off, bytes);
+      off += bytes;
+    }
+  });
+}
+
+void Engine::run_allgather(const Response& r, Entry& e, const Communicator& comm) {
+  const auto& shape = e.request.shape;
+  const size_t row_bytes = size_t(num_elements(shape, 1)) * dtype_size(r.dtype);
+  std::vector<size_t> bytes;
+  int64_t rows = 0;
+  for (int64_t d : r.first_dims) {
+    bytes.push_back(size_t(d) * row_bytes);
+    rows += d;
+  }
+  HandleState& out = *e.state;
+  out.output.resize(size_t(rows) * row_bytes);
+  out.output_shape = shape.empty() ? std::vector<int64_t>{rows} : shape;
+  out.output_shape[0] = rows;
+  size_t my_offset = 0;
+  for (int i = 0; i < comm.rank; ++i) my_offset += bytes[i];
+  if (bytes[comm.rank]) std::memcpy(out.output.data() + my_offset, e.input, bytes[comm.rank]);
+  phase(timeline_, r.names, phase_name(r.op), [&] { allgather_ring(comm, out.output.data(), bytes); });
+}
+
+void Engine::run_broadcast(const Response& r, Entry& e, const Communicator& comm) {
+  const size_t bytes = size_t(num_elements(e.request.shape)) * dtype_size(r.dtype);
+  if (comm.rank == r.root && e.output != e.input) std::memcpy(e.output, e.input, bytes);
+  phase(timeline_, r.names, phase_name(r.op), [&] { broadcast_tree(comm, e.output, bytes, r.root); });
+}
+
+void Engine::run_alltoall(const Response& r, Entry& e, const Communicator& comm) {
+  const auto& shape = e.request.shape;
+  const size_t row_bytes = size_t(num_elements(shape, 1)) * dtype_size(r.dtype);
+  const int n = comm.size, me = comm.rank;
+  std::vector<size_t> send_bytes(n), recv_bytes(n);
+  HandleState& out = *e.state;
+  out.ints.assign(n, 0);
+  int64_t rows = 0;
+  for (int i = 0; i < n; ++i) {
+    send_bytes[i] = size_t(r.splits_matrix[size_t(me) * n + i]) * row_bytes;
+    const int64_t got = r.splits_matrix[size_t(i) * n + me];
+    recv_bytes[i] = size_t(got) * row_bytes;
+    out.ints[i] = got;
+    rows += got;
+  }
+  out.output.resize(size_t(rows) * row_bytes);
+  out.output_shape = shape.empty() ? std::vector<int64_t>{rows} : shape;
+  out.output_shape[0] = rows;
+  phase(timeline_, r.names, phase_name(r.op), [&] {
+    alltoall_pairwise(comm, e.input, send_bytes, out.output.data(), recv_bytes);
+  });
+}
+
+void Engine::run_reducescatter(const Response& r, Entry& e, const Communicator& comm) {
+  const auto& shape = e.request.shape;
+  const size_t esize = dtype_size(r.dtype);
+  const int64_t rows = shape.empty() ? 1 : shape[0];
+  const size_t row_elems = size_t(num_elements(shape, 1));
+  const int n = comm.size;
+  // Like Horovod: rows are split evenly, the first (rows % n) members get one extra row.
+  std::vector<size_t> counts(n);
+  std::vector<int64_t> member_rows(n);
+  for (int i = 0; i < n; ++i) {
+    member_rows[i] = rows / n + (i < rows % n ? 1 : 0);
+    counts[i] = size_t(member_rows[i]) * row_elems;
+  }
+  const size_t total = size_t(num_elements(shape));
+  auto* buf = static_cast<uint8_t*>(fusion_.reserve(total * esize));
+  std::memcpy(buf, e.input, total * esize);
+  if (r.prescale != 1.0) scale_buffer(buf, total, r.dtype, r.prescale);
+  phase(timeline_, r.names, phase_name(r.op), [&] {
+    reducescatter_ring(comm, buf, counts, r.dtype, r.reduce_op, scratch_);
+  });
+  size_t offset = 0;
+  for (int i = 0; i < comm.rank; ++i) offset += counts[i];
+  HandleState& out = *e.state;
+  out.output.assign(buf + offset * esize, buf + (offset + counts[comm.rank]) * esize);
+  out.output_shape = shape.empty() ? std::vector<int64_t>{member_rows[comm.rank]} : shape;
+  out.output_shape[0] = member_rows[comm.rank];
+  const double post = final_scale(r, comm.size);
+  if (post != 1.0) scale_buffer(out.output.data(), counts[comm.rank], r.dtype, post);
+}
+
+}  // namespace shvd

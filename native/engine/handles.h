@@ -1,0 +1,42 @@
+// Handles: the future each enqueued op returns. Completed by the engine thread, waited on by
+// user threads (a short spin first: small collectives finish in microseconds).
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+namespace shvd {
+
+struct HandleState {
+  std::atomic<bool> done{false};
+  int error_kind = 0;  // SHVD_ERR_*
+  std::string error;
+  std::vector<uint8_t> output;        // core-allocated result
+  std::vector<int64_t> output_shape;
+  std::vector<int64_t> ints;          // received splits / last joined rank / new set id
+};
+
+class HandleTable {
+ public:
+  int64_t create(std::shared_ptr<HandleState>* state);
+  std::shared_ptr<HandleState> get(int64_t handle) const;
+  void release(int64_t handle);
+  // Marks done and wakes waiters.
+  void complete(const std::shared_ptr<HandleState>& state);
+  void wait(const std::shared_ptr<HandleState>& state);
+  void clear();
+
+ private:
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::unordered_map<int64_t, std::shared_ptr<HandleState>> handles_;
+  int64_t next_ = 1;
+};
+
+}  // namespace shvd

@@ -1,0 +1,130 @@
+/* The C ABI of the spark_hvd collective core, loaded by spark_hvd.common with ctypes.
+ * It sees only pointers, element counts, dtypes, shapes and names: no framework, no Python.
+ *
+ * Functions return 0 (or a non-negative value) on success and -1 on failure; the failure's
+ * message is then available from shvd_last_error() on the same thread, and its category from
+ * shvd_last_error_kind() (SHVD_ERR_*).
+ */
+#ifndef SPARK_HVD_H_
+#define SPARK_HVD_H_
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+enum {
+  SHVD_ERR_NONE = 0,
+  SHVD_ERR_INVALID = 1,   /* bad input or ranks disagree: ValueError */
+  SHVD_ERR_INTERNAL = 2,  /* peer lost / job torn down: HorovodInternalError */
+  SHVD_ERR_STATE = 3,     /* not initialized, already initialized, ...: RuntimeError */
+};
+
+typedef struct {
+  int32_t rank, size, local_rank, local_size, cross_rank, cross_size;
+  /* One line per rank, "host port host_id\n", rank order, from the rendezvous. */
+  const char* peers;
+  const char* secret;
+  int32_t secret_len;
+  const char* job_id;
+  int32_t use_shared_memory;
+  double start_timeout_seconds;
+  int64_t fusion_threshold_bytes;
+  double cycle_time_ms;
+  int64_t cache_capacity;
+  double stall_warning_seconds;   /* <= 0 disables the stall inspector */
+  double stall_shutdown_seconds;  /* > 0 aborts the job after that long */
+  int64_t ring_threshold_bytes;
+  const char* timeline_path;      /* NULL or "" for none */
+  int32_t timeline_mark_cycles;
+  /* Static process sets: `process_set_ranks` holds every set's ranks back to back,
+   * `process_set_sizes[i]` how many belong to set i+1. */
+  const int32_t* process_set_ranks;
+  const int32_t* process_set_sizes;
+  int32_t num_process_sets;
+} shvd_init_options;
+
+enum {
+  SHVD_OP_ALLREDUCE = 0,
+  SHVD_OP_ALLGATHER = 1,
+  SHVD_OP_BROADCAST = 2,
+  SHVD_OP_ALLTOALL = 3,
+  SHVD_OP_REDUCESCATTER = 4,
+  SHVD_OP_BARRIER = 5,
+  SHVD_OP_JOIN = 6,
+  SHVD_OP_ADD_PROCESS_SET = 7,
+  SHVD_OP_REMOVE_PROCESS_SET = 8,
+};
+
+typedef struct {
+  int32_t op;
+  const char* name;
+  int32_t dtype;
+  int32_t ndim;
+  const int64_t* shape;
+  /* Input data (contiguous). For allreduce and broadcast, `output` receives the result and may
+   * equal `input` (in place); for allgather, alltoall and reducescatter the core allocates the
+   * result (shvd_output). */
+  const void* input;
+  void* output;
+  int32_t reduce_op;
+  double prescale;
+  double postscale;
+  int32_t root_rank;     /* broadcast: rank within the process set; remove_process_set: set id */
+  int32_t process_set;
+  const int64_t* splits; /* alltoall rows per member; add_process_set: the ranks */
+  int32_t nsplits;
+  const char* group;     /* grouped ops: shared group name, NULL otherwise */
+  int32_t group_size;
+} shvd_op;
+
+/* Phase 1: bind the listening socket; returns the port or -1. */
+int32_t shvd_listen(const char* bind_host);
+/* Phase 2: connect the mesh and start the engine thread. */
+int32_t shvd_init(const shvd_init_options* options);
+int32_t shvd_shutdown(void);
+int32_t shvd_is_initialized(void);
+
+int32_t shvd_rank(void);
+int32_t shvd_size(void);
+int32_t shvd_local_rank(void);
+int32_t shvd_local_size(void);
+int32_t shvd_cross_rank(void);
+int32_t shvd_cross_size(void);
+/* 1 if ranks to this rank's peers on its host go over shared memory. */
+int32_t shvd_shared_memory_enabled(void);
+
+/* Process sets. */
+int32_t shvd_process_set_size(int32_t id);        /* -1 if unknown */
+int32_t shvd_process_set_rank(int32_t id);        /* -1 if not a member or unknown */
+int32_t shvd_process_set_ranks(int32_t id, int32_t* out, int32_t cap); /* count or -1 */
+int32_t shvd_process_set_ids(int32_t* out, int32_t cap);
+int32_t shvd_process_set_find(const int32_t* ranks, int32_t n); /* id or -1 */
+
+/* Enqueue `n` ops atomically (one negotiation round for a group). Writes n handles (> 0).
+ * On failure no op is enqueued. */
+int32_t shvd_enqueue(const shvd_op* ops, int32_t n, int64_t* handles);
+/* 1 if done, 0 if pending, -1 unknown handle. */
+int32_t shvd_poll(int64_t handle);
+/* Waits until done. Returns 0 on success, -1 on failure (the op's error). */
+int32_t shvd_wait(int64_t handle);
+/* Result allocated by the core (allgather, alltoall, reducescatter, add_process_set): data
+ * pointer and byte count, valid until shvd_release. ndim/shape of the result via shvd_shape. */
+int32_t shvd_output(int64_t handle, void** data, int64_t* nbytes);
+int32_t shvd_output_shape(int64_t handle, int64_t* shape, int32_t cap); /* ndim or -1 */
+/* alltoall: rows received from each member; join: [last joined rank]; add: [new set id]. */
+int32_t shvd_output_ints(int64_t handle, int64_t* out, int32_t cap);   /* count or -1 */
+int32_t shvd_release(int64_t handle);
+
+int32_t shvd_start_timeline(const char* path, int32_t mark_cycles);
+int32_t shvd_stop_timeline(void);
+
+const char* shvd_last_error(void);
+int32_t shvd_last_error_kind(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* SPARK_HVD_H_ */

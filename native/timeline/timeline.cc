@@ -1,0 +1,94 @@
+#include "timeline.h"
+
+#include <cerrno>
+#include <cstring>
+
+namespace shvd {
+
+namespace {
+std::string json_escape(const std::string& s) {
+  std::string out;
+  for (char c : s) {
+    if (c == '"' || c == '\\') { out += '\\'; out += c; }
+    else if (static_cast<unsigned char>(c) < 0x20) {
+      char buf[8];
+      snprintf(buf, sizeof buf, "\\u%04x", c);
+      out += buf;
+    } else out += c;
+  }
+  return out;
+}
+}  // namespace
+
+bool Timeline::start(const std::string& path, bool mark_cycles, std::string* error) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (file_) {
+    fputs("\n]\n", file_);
+    fclose(file_);
+    file_ = nullptr;
+  }
+  file_ = fopen(path.c_str(), "w");
+  if (!file_) {
+    *error = "cannot open timeline file '" + path + "': " + strerror(errno);
+    return false;
+  }
+  fputs("[\n", file_);
+  first_event_ = true;
+  mark_cycles_ = mark_cycles;
+  rows_.clear();
+  t0_ = std::chrono::steady_clock::now();
+  return true;
+}
+
+void Timeline::stop() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!file_) return;
+  fputs("\n]\n", file_);
+  fclose(file_);
+  file_ = nullptr;
+}
+
+long long Timeline::now_us() const {
+  return std::chrono::duration_cast<std::chrono::microseconds>(
+             std::chrono::steady_clock::now() - t0_).count();
+}
+
+int Timeline::row_for(const std::string& tensor) {
+  auto it = rows_.find(tensor);
+  if (it != rows_.end()) return it->second;
+  int row = int(rows_.size()) + 1;
+  rows_[tensor] = row;
+  fprintf(file_, "%s{\"name\": \"process_name\", \"ph\": \"M\", \"pid\": %d, \"args\": {\"name\": \"%s\"}}",
+          first_event_ ? "" : ",\n", row, json_escape(tensor).c_str());
+  first_event_ = false;
+  return row;
+}
+
+void Timeline::write_event(int row, const char* ph, const std::string& name) {
+  fprintf(file_, "%s{\"name\": \"%s\", \"ph\": \"%s\", \"ts\": %lld, \"pid\": %d, \"tid\": 0%s}",
+          first_event_ ? "" : ",\n", json_escape(name).c_str(), ph, now_us(), row,
+          ph[0] == 'i' ? ", \"s\": \"p\"" : "");
+  first_event_ = false;
+}
+
+void Timeline::begin(const std::string& tensor, const char* phase) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (file_) write_event(row_for(tensor), "B", phase);
+}
+
+void Timeline::end(const std::string& tensor, const char* phase) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (file_) write_event(row_for(tensor), "E", phase);
+}
+
+void Timeline::instant(const std::string& tensor, const std::string& what) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (file_) write_event(row_for(tensor), "i", what);
+}
+
+void Timeline::cycle() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (file_ && mark_cycles_) write_event(0, "i", "CYCLE_START");
+}
+
+}  // namespace shvd

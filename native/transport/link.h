@@ -1,0 +1,84 @@
+// A point-to-point byte stream to one peer. Algorithms are written against this interface only,
+// so the same ring/tree code runs over TCP sockets and over shared-memory pipes.
+//
+// Links are used by the engine thread only (no locking). Every blocking call gives up with
+// PeerLostError when the peer dies or the job is aborted (see AbortFlag), never hangs.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "../common/types.h"
+
+namespace shvd {
+
+// Set by whoever notices a failure first (controller, a link, shutdown); every wait loop polls
+// it so a rank blocked on a healthy link still leaves promptly when another link failed.
+class AbortFlag {
+ public:
+  void raise(const std::string& why);
+  bool raised() const { return raised_.load(std::memory_order_acquire); }
+  std::string reason() const;
+  void reset();
+  // Throws PeerLostError(reason) if raised.
+  void check() const;
+
+ private:
+  std::atomic<bool> raised_{false};
+  mutable std::mutex mu_;
+  std::string reason_;
+};
+
+class Link {
+ public:
+  virtual ~Link() = default;
+
+  // Non-blocking progress: move as many bytes as possible without waiting and return how many
+  // moved (0 when the peer is not ready). Throw PeerLostError on a closed/broken peer.
+  virtual size_t try_send(const void* data, size_t n) = 0;
+  virtual size_t try_recv(void* data, size_t n) = 0;
+
+  // A pollable file descriptor (TCP) or -1 (shared memory, progressed by spinning/sleeping).
+  virtual int fd() const = 0;
+  virtual bool is_shared_memory() const = 0;
+  // Checked while waiting on a link without fd: false once the peer process is gone.
+  virtual bool peer_alive() const = 0;
+  virtual int peer_rank() const = 0;
+
+  // Blocking forms, implemented on top of try_send/try_recv and wait_for_progress.
+  void send(const void* data, size_t n);
+  void recv(void* data, size_t n);
+};
+
+// Waits until one of `links` may make progress (readable/writable for TCP, a short spin/yield/
+// sleep backoff for shared memory), checking `abort` and peer liveness. `iteration` counts the
+// caller's consecutive idle rounds so the backoff grows (spin first: small messages need
+// microsecond latency; sleep later: two cores must not be burnt by a waiting rank).
+void wait_for_progress(Link* const* links, int nlinks, bool want_send, bool want_recv,
+                       int iteration);
+
+// The same wait with a direction per link. Prefer it when different links wait for different
+// directions (send to one neighbour, receive from another): the flag form above asks every TCP
+// link for both, and an idle socket is always writable, so its poll() would return at once and
+// the caller would spin. Null links are skipped.
+struct LinkWait {
+  Link* link = nullptr;
+  bool send = false;
+  bool recv = false;
+};
+void wait_for_progress(const LinkWait* waits, int nwaits, int iteration);
+
+// Full-duplex transfer: sends `sn` bytes to `to` while receiving `rn` bytes from `from`,
+// progressing both so neither side deadlocks on full buffers. `to`/`from` may be the same link
+// or null (then that half is skipped).
+void send_recv(Link* to, const void* sbuf, size_t sn, Link* from, void* rbuf, size_t rn);
+
+// The process-wide abort flag every link consults.
+AbortFlag& global_abort();
+
+}  // namespace shvd

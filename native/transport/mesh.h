@@ -1,0 +1,61 @@
+// Builds the job's connections: an authenticated TCP control link from every worker to the
+// coordinator (rank 0), and a data link between every pair of ranks (a shared-memory pipe when
+// both ranks are on the same host and shared memory is enabled, TCP otherwise).
+//
+// Two phases so the rendezvous can publish our address before anyone connects:
+//   1. Endpoint::open() binds a listening socket on the interface we need (port 0 = any).
+//   2. The Python bootstrap exchanges "host:port" (+ host id, pid) of every rank.
+//   3. build_mesh() connects to lower ranks, accepts higher ranks, authenticates each connection
+//      with an HMAC challenge on the job secret (mutual), and sets up shared-memory pipes.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "link.h"
+
+namespace shvd {
+
+struct PeerAddress {
+  std::string host;     // address to connect to
+  int port = 0;
+  std::string host_id;  // equal host ids => same machine => shared memory possible
+};
+
+struct MeshOptions {
+  int rank = 0;
+  int size = 1;
+  std::vector<PeerAddress> peers;  // indexed by rank, includes ourselves
+  std::string secret;              // raw bytes of the job secret
+  std::string job_id;              // names shared-memory segments
+  bool use_shared_memory = true;
+  double timeout_seconds = 30.0;   // whole mesh must be up within this
+};
+
+class Endpoint {
+ public:
+  // Binds to `bind_host` ("0.0.0.0", "127.0.0.1", an interface's address). Throws on failure.
+  explicit Endpoint(const std::string& bind_host);
+  ~Endpoint();
+  int port() const { return port_; }
+  int fd() const { return fd_; }
+
+ private:
+  int fd_ = -1;
+  int port_ = 0;
+};
+
+struct Mesh {
+  // data[r]: link to rank r (nullptr for r == own rank).
+  std::vector<std::unique_ptr<Link>> data;
+  // control[r]: TCP link for negotiation. Rank 0 holds one per worker; a worker holds only
+  // control[0]. Other entries nullptr. These sockets also tell us quickly that a peer died.
+  std::vector<std::unique_ptr<Link>> control;
+};
+
+// Throws PeerLostError on timeout/authentication failure of a legitimate peer; connections that
+// fail authentication (strangers) are dropped and waited past.
+Mesh build_mesh(Endpoint& endpoint, const MeshOptions& options);
+
+}  // namespace shvd

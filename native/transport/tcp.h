@@ -1,0 +1,38 @@
+// TCP data/control link: the transport that needs nothing installed and works across hosts.
+#pragma once
+
+#include "link.h"
+
+namespace shvd {
+
+class TcpLink : public Link {
+ public:
+  // Takes ownership of a connected, authenticated socket and switches it to non-blocking mode
+  // with TCP_NODELAY (collectives send many small messages; Nagle would add 40 ms stalls).
+  TcpLink(int fd, int peer_rank);
+  ~TcpLink() override;
+  TcpLink(const TcpLink&) = delete;
+  TcpLink& operator=(const TcpLink&) = delete;
+
+  size_t try_send(const void* data, size_t n) override;
+  size_t try_recv(void* data, size_t n) override;
+  int fd() const override { return fd_; }
+  bool is_shared_memory() const override { return false; }
+  // A dead peer shows up as EOF or a reset on the socket itself.
+  bool peer_alive() const override { return true; }
+  int peer_rank() const override { return peer_rank_; }
+
+ private:
+  [[noreturn]] void lost(const char* what) const;
+  int fd_;
+  int peer_rank_;
+};
+
+// Socket buffer sizes for data sockets: SPARK_HVD_TCP_BUFFER_BYTES (default 4 MiB; 0 leaves the
+// kernel's autotuning alone). Call before connect()/listen(): the TCP window scale is fixed by
+// the handshake, and accepted sockets inherit the listening socket's buffers.
+void set_socket_buffers(int fd);
+void set_nonblocking(int fd);
+void set_nodelay(int fd);
+
+}  // namespace shvd

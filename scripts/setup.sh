@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# Prepare a machine for building and testing spark_hvd. Idempotent and non-interactive (CI runs it
+# as root with no stdin). Steps:
+#   1. OpenMPI (mpirun, mpicc, headers) from apt when missing.
+#   2. .venv with the pinned requirements + `pip install -e .`; skipped when .venv/.setup-stamp
+#      matches the hash of requirements*.txt, pyproject.toml, setup.py and this script.
+#   3. Always: the incremental native build (python build.py), cheap when nothing changed.
+# Env: PYTHON (interpreter for the venv, default python3), SPARK_HVD_SKIP_APT=1 to skip step 1.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+
+VENV="$ROOT/.venv"
+PY="$VENV/bin/python"
+STAMP="$VENV/.setup-stamp"
+PYTHON="${PYTHON:-python3}"
+export DEBIAN_FRONTEND=noninteractive
+export PIP_DISABLE_PIP_VERSION_CHECK=1
+
+log() { echo "[setup] $*"; }
+
+as_root() {
+  if [ "$(id -u)" -eq 0 ]; then
+    "$@"
+  elif command -v sudo >/dev/null 2>&1; then
+    sudo -n "$@"
+  else
+    echo "[setup] need root for: $* (not root and no sudo)" >&2
+    return 1
+  fi
+}
+
+# 1. OpenMPI -----------------------------------------------------------------------------------
+if [ "${SPARK_HVD_SKIP_APT:-0}" != "1" ]; then
+  if ! command -v mpirun >/dev/null 2>&1 || ! command -v mpicc >/dev/null 2>&1; then
+    log "installing OpenMPI (openmpi-bin libopenmpi-dev)"
+    as_root apt-get update -q
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
+      openmpi-bin libopenmpi-dev
+  fi
+  if ! command -v g++ >/dev/null 2>&1; then
+    log "installing g++"
+    as_root apt-get update -q
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends g++
+  fi
+fi
+
+# 2. Python environment ------------------------------------------------------------------------
+if [ ! -x "$PY" ]; then
+  log "creating $VENV with $("$PYTHON" --version 2>&1)"
+  "$PYTHON" -m venv "$VENV"
+fi
+
+want_stamp="$(cat requirements*.txt pyproject.toml setup.py scripts/setup.sh 2>/dev/null \
+  | sha256sum | cut -d' ' -f1) $("$PY" --version 2>&1)"
+have_stamp="$(cat "$STAMP" 2>/dev/null || true)"
+
+if [ "$want_stamp" != "$have_stamp" ] || ! "$PY" -c 'import importlib.metadata as m; m.version("spark-hvd")' >/dev/null 2>&1; then
+  log "installing Python requirements"
+  rm -f "$STAMP"
+  "$PY" -m pip install -q -r requirements.txt
+  if [ -f requirements-dev.txt ]; then
+    "$PY" -m pip install -q -r requirements-dev.txt
+  fi
+  # Editable install (puts the source tree on sys.path, installs spark-hvd-run). The native
+  # build runs in step 3 instead, so that a compile error there does not undo the environment.
+  SPARK_HVD_SKIP_NATIVE_BUILD=1 "$PY" -m pip install -q --no-build-isolation -e .
+  echo "$want_stamp" > "$STAMP"
+else
+  log "Python requirements up to date"
+fi
+
+# 3. Native core (incremental) -----------------------------------------------------------------
+"$PY" build.py
+log "done"

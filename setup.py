@@ -1,0 +1,66 @@
+"""setuptools glue: metadata lives in pyproject.toml; this file only hooks the native build.
+
+`pip install .` and `pip install -e .` both run build_py, which here first runs build.py to produce
+spark_hvd/_core/libspark_hvd_core.so (in the source tree, so an editable install sees it too), then
+copies it into the wheel as package data (SPARK_HVD_SKIP_NATIVE_BUILD=1 skips the build,
+SPARK_HVD_DEBUG_BUILD=1 builds -O0 -g). The library is a ctypes-loaded C ABI object, independent
+of the Python version, so the wheel is tagged py3-none-<platform>.
+"""
+
+import os
+import sys
+
+from setuptools import setup
+from setuptools.command.build_py import build_py as _build_py
+from setuptools.dist import Distribution
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import build as native_build  # noqa: E402  (build.py next to this file)
+
+
+class build_py(_build_py):
+    def run(self):
+        if os.environ.get("SPARK_HVD_SKIP_NATIVE_BUILD", "") not in ("", "0"):
+            # scripts/setup.sh installs the package first and builds the core separately, so a
+            # half-written native/ does not stop the environment from being set up.
+            super().run()
+            return
+        debug = os.environ.get("SPARK_HVD_DEBUG_BUILD", "") not in ("", "0")
+        try:
+            native_build.build(debug=debug)
+        except native_build.BuildError as e:
+            raise SystemExit(f"[build] ERROR: {e}")
+        super().run()
+
+
+class BinaryDistribution(Distribution):
+    """Mark the distribution as platform-specific (it ships a .so)."""
+
+    def has_ext_modules(self):
+        return True
+
+
+cmdclass = {"build_py": build_py}
+
+try:  # setuptools >= 70 ships bdist_wheel; older ones need the wheel package.
+    from setuptools.command.bdist_wheel import bdist_wheel as _bdist_wheel
+except ImportError:  # pragma: no cover
+    try:
+        from wheel.bdist_wheel import bdist_wheel as _bdist_wheel
+    except ImportError:
+        _bdist_wheel = None
+
+if _bdist_wheel is not None:
+
+    class bdist_wheel(_bdist_wheel):
+        def finalize_options(self):
+            super().finalize_options()
+            self.root_is_pure = False
+
+        def get_tag(self):
+            _, _, plat = super().get_tag()
+            return "py3", "none", plat
+
+    cmdclass["bdist_wheel"] = bdist_wheel
+
+setup(cmdclass=cmdclass, distclass=BinaryDistribution)

@@ -1,0 +1,162 @@
+"""One bootstrap for every way a job starts (launcher, mpirun, Spark tasks, estimators).
+
+Steps: learn rank and size (``SPARK_HVD_*`` from our launcher or Spark, ``OMPI_COMM_WORLD_*``
+under mpirun, or an mpi4py communicator), bind the native core's listener, exchange
+"host port host_id" with every rank through a :class:`Rendezvous`, then let the core connect its
+authenticated mesh. With none of those present the process is a job of size 1.
+"""
+
+import ctypes
+import os
+import secrets
+import socket
+
+from . import _config
+from ._native import InitOptions, check, lib
+from ._secret import SECRET_ENV, secret_from_env
+
+
+class Placement:
+    """Where this process sits in the job (ranks are host-major)."""
+
+    def __init__(self, rank, size, local_rank=None, local_size=None, cross_rank=None,
+                 cross_size=None):
+        self.rank, self.size = rank, size
+        self.local_rank, self.local_size = local_rank, local_size
+        self.cross_rank, self.cross_size = cross_rank, cross_size
+
+    def fill_from_hosts(self, host_ids):
+        """Derives local/cross ranks from every rank's host id where the launcher gave none."""
+        hosts = list(dict.fromkeys(host_ids))  # first-appearance order
+        mine = host_ids[self.rank]
+        if self.local_rank is None:
+            self.local_rank = sum(1 for h in host_ids[:self.rank] if h == mine)
+            self.local_size = sum(1 for h in host_ids if h == mine)
+        if self.cross_rank is None:
+            self.cross_rank = hosts.index(mine)
+            self.cross_size = len(hosts)
+
+
+class MpiRendezvous:
+    """Rendezvous over an mpi4py communicator (under mpirun, or ``init(comm=...)``)."""
+
+    def __init__(self, comm):
+        self.comm = comm
+
+    def allgather(self, value):
+        return self.comm.allgather(value)
+
+
+def _env_int(name):
+    value = os.environ.get(name)
+    return int(value) if value not in (None, "") else None
+
+
+def _advertised_host(bind_addr):
+    """The address other ranks use to reach our listener."""
+    if bind_addr not in ("", "0.0.0.0"):
+        return bind_addr
+    try:
+        return socket.gethostbyname(socket.gethostname())
+    except OSError:
+        return "127.0.0.1"
+
+
+def _mpi_comm(comm):
+    if comm is not None:
+        return comm
+    try:
+        from mpi4py import MPI
+    except ImportError:
+        raise RuntimeError(
+            "This process was started by mpirun (OMPI_COMM_WORLD_RANK is set) but mpi4py is not "
+            "installed, which spark_hvd needs to find its peers under mpirun. Install mpi4py or "
+            "launch with spark-hvd-run.") from None
+    return MPI.COMM_WORLD
+
+
+def discover(comm=None, generation=0):
+    """Returns (placement, rendezvous or None, secret, job_id) for this process."""
+    if comm is not None or (_env_int("SPARK_HVD_RANK") is None
+                            and _env_int("OMPI_COMM_WORLD_RANK") is not None):
+        comm = _mpi_comm(comm)
+        placement = Placement(comm.Get_rank(), comm.Get_size())
+        # Rank 0 makes the job secret and job id; MPI is already a trusted channel.
+        secret, job_id = comm.bcast(
+            (secrets.token_bytes(32), secrets.token_hex(4)) if comm.Get_rank() == 0 else None,
+            root=0)
+        return placement, MpiRendezvous(comm), secret, job_id
+
+    rank = _env_int("SPARK_HVD_RANK")
+    if rank is None:
+        return Placement(0, 1, 0, 1, 0, 1), None, b"", "single"
+    size = _env_int("SPARK_HVD_SIZE")
+    if size is None:
+        raise RuntimeError("SPARK_HVD_RANK is set but SPARK_HVD_SIZE is not: the launcher's "
+                           "environment is incomplete")
+    placement = Placement(rank, size, _env_int("SPARK_HVD_LOCAL_RANK"),
+                          _env_int("SPARK_HVD_LOCAL_SIZE"), _env_int("SPARK_HVD_CROSS_RANK"),
+                          _env_int("SPARK_HVD_CROSS_SIZE"))
+    secret = secret_from_env(os.environ.get(SECRET_ENV, ""))
+    job_id = os.environ.get("SPARK_HVD_JOB_ID", "job")
+    rendezvous = None
+    if size > 1:
+        addr = os.environ.get("SPARK_HVD_RENDEZVOUS_ADDR")
+        if not addr:
+            raise RuntimeError("SPARK_HVD_RENDEZVOUS_ADDR is not set: start the job with "
+                               "spark-hvd-run or spark_hvd.spark.run")
+        from ._rendezvous import KVClient, KVRendezvous
+        timeout = _config.env_float("START_TIMEOUT", 30.0)
+        client = KVClient(addr, secret, timeout=timeout)
+        rendezvous = KVRendezvous(client, rank, size, scope=f"{job_id}/init.{generation}", timeout=timeout)
+    return placement, rendezvous, secret, job_id
+
+
+def start(config, comm=None, process_sets=(), rendezvous=None, placement=None, secret=None,
+          job_id=None, generation=0):
+    """Connects this process to its job and starts the native engine.
+
+    ``rendezvous``/``placement``/``secret`` may be given by a caller that already knows them
+    (Spark tasks); otherwise they are discovered from the environment. ``generation`` counts
+    earlier inits in this process, so a re-init uses fresh rendezvous keys.
+    """
+    if placement is None:
+        placement, rendezvous, secret, job_id = discover(comm, generation)
+    host_id = os.environ.get("SPARK_HVD_HOSTNAME") or socket.gethostname()
+    bind_addr = os.environ.get("SPARK_HVD_BIND_ADDR", "")
+    peers = ""
+    if placement.size > 1:
+        port = check(lib.shvd_listen(bind_addr.encode() or b"0.0.0.0"))
+        mine = f"{_advertised_host(bind_addr)} {port} {host_id}".encode()
+        lines = [v.decode() for v in rendezvous.allgather(mine)]
+        peers = "\n".join(lines) + "\n"
+        placement.fill_from_hosts([line.split()[2] for line in lines])
+    else:
+        placement.fill_from_hosts([host_id])
+
+    flat, sizes = [], []
+    for ranks in process_sets:
+        flat.extend(ranks)
+        sizes.append(len(ranks))
+    ranks_arr = (ctypes.c_int32 * max(1, len(flat)))(*flat)
+    sizes_arr = (ctypes.c_int32 * max(1, len(sizes)))(*sizes)
+    opts = InitOptions(
+        rank=placement.rank, size=placement.size,
+        local_rank=placement.local_rank, local_size=placement.local_size,
+        cross_rank=placement.cross_rank, cross_size=placement.cross_size,
+        peers=peers.encode(), secret=secret, secret_len=len(secret),
+        job_id=(job_id or "job").encode(),
+        use_shared_memory=1 if config.shared_memory else 0,
+        start_timeout_seconds=config.start_timeout,
+        fusion_threshold_bytes=config.fusion_threshold,
+        cycle_time_ms=config.cycle_time_ms,
+        cache_capacity=config.cache_capacity,
+        stall_warning_seconds=config.stall_warning_seconds,
+        stall_shutdown_seconds=config.stall_shutdown_seconds,
+        ring_threshold_bytes=config.ring_threshold,
+        timeline_path=(config.timeline or "").encode(),
+        timeline_mark_cycles=1 if config.timeline_mark_cycles else 0,
+        process_set_ranks=ranks_arr, process_set_sizes=sizes_arr,
+        num_process_sets=len(sizes))
+    check(lib.shvd_init(opts))
+    return placement

@@ -1,0 +1,148 @@
+"""Framework-neutral plumbing for collectives: naming, reduce-op resolution, enqueueing raw
+buffers into the native core and collecting results. The NumPy, torch and TensorFlow adapters
+only convert their tensors to (pointer, dtype code, shape) and back."""
+
+import ctypes
+import itertools
+import warnings
+from collections import defaultdict
+
+from . import basics
+from ._native import Op, check, lib
+
+# Reduce ops: the values are the core's codes.
+Average, Sum, Adasum, Min, Max, Product = 0, 1, 2, 3, 4, 5
+_REDUCE_OP_NAMES = {Average: "Average", Sum: "Sum", Adasum: "Adasum", Min: "Min", Max: "Max",
+                    Product: "Product"}
+
+_name_counters = defaultdict(itertools.count)
+
+
+def auto_name(kind, name):
+    """Horovod's rule: unnamed ops are named by a per-kind counter, so every rank must issue
+    its unnamed ops in the same order."""
+    if name is not None:
+        return str(name)
+    return f"{kind}.noname.{next(_name_counters[kind])}"
+
+
+def resolve_reduce_op(op, average, default=Average):
+    """Horovod's argument rules for ``op=`` and the deprecated ``average=``."""
+    if op is not None and average is not None:
+        raise ValueError("The op parameter supersedes average. Please provide only one of them.")
+    if average is not None:
+        warnings.warn("Parameter `average` has been replaced with `op` and will be removed",
+                      DeprecationWarning, stacklevel=3)
+        return Average if average else Sum
+    if op is None:
+        return default
+    if op not in _REDUCE_OP_NAMES:
+        raise ValueError(f"unknown reduce op {op!r}; use Average, Sum, Min, Max or Product")
+    return op
+
+
+def _shape_array(shape):
+    return (ctypes.c_int64 * max(1, len(shape)))(*shape)
+
+
+def make_op(kind, name, dtype, shape, input_ptr, output_ptr, reduce_op=Sum, prescale=1.0,
+            postscale=1.0, root_rank=0, process_set=0, splits=None, nsplits=0, group=None,
+            group_size=0):
+    """Builds one native op description. The returned object keeps its arrays alive."""
+    op = Op()
+    op.op = kind
+    op.name = name.encode()
+    op.dtype = dtype
+    op.ndim = len(shape)
+    op._shape = _shape_array(shape)
+    op.shape = op._shape
+    op.input = input_ptr
+    op.output = output_ptr
+    op.reduce_op = reduce_op
+    op.prescale = prescale
+    op.postscale = postscale
+    op.root_rank = root_rank
+    op.process_set = process_set
+    if splits is not None:
+        op._splits = splits
+        op.splits = ctypes.cast(splits, ctypes.POINTER(ctypes.c_int64))
+        op.nsplits = nsplits
+    if group is not None:
+        op.group = group.encode()
+        op.group_size = group_size
+    return op
+
+
+def enqueue(ops):
+    """Enqueues ops atomically; returns their native handles."""
+    basics._require_init()
+    n = len(ops)
+    array = (Op * n)(*ops)
+    handles = (ctypes.c_int64 * n)()
+    check(lib.shvd_enqueue(array, n, handles))
+    return list(handles)
+
+
+def enqueue_one(kind, name, dtype, shape, input_ptr, output_ptr, **kwargs):
+    return enqueue([make_op(kind, name, dtype, shape, input_ptr, output_ptr, **kwargs)])[0]
+
+
+def poll(handle_id):
+    return check(lib.shvd_poll(handle_id)) == 1
+
+
+def wait(handle_id):
+    """Blocks until the op completes; raises its error. The handle is released either way."""
+    try:
+        check(lib.shvd_wait(handle_id))
+    finally:
+        lib.shvd_release(handle_id)
+
+
+def wait_output(handle_id):
+    """Waits, then returns (bytes of the core-allocated result, shape, ints) and releases."""
+    try:
+        check(lib.shvd_wait(handle_id))
+        ptr, nbytes = ctypes.c_void_p(), ctypes.c_int64()
+        check(lib.shvd_output(handle_id, ctypes.byref(ptr), ctypes.byref(nbytes)))
+        data = ctypes.string_at(ptr, nbytes.value) if nbytes.value else b""
+        shape_buf = (ctypes.c_int64 * 32)()
+        ndim = check(lib.shvd_output_shape(handle_id, shape_buf, 32))
+        ints_buf = (ctypes.c_int64 * 4096)()
+        nints = check(lib.shvd_output_ints(handle_id, ints_buf, 4096))
+        return data, tuple(shape_buf[:ndim]), list(ints_buf[:nints])
+    finally:
+        lib.shvd_release(handle_id)
+
+
+def wait_ints(handle_id):
+    return wait_output(handle_id)[2]
+
+
+class Handle:
+    """A pending collective: ``poll()`` says whether it finished, ``wait()`` returns its result.
+
+    ``finish`` turns the completed native op into the user-facing result (for example copying a
+    core-allocated allgather result into a new array); it runs once.
+    """
+
+    __slots__ = ("_ids", "_finish", "_keepalive", "_done", "_result")
+
+    def __init__(self, ids, finish, keepalive=None):
+        self._ids = ids
+        self._finish = finish
+        self._keepalive = keepalive
+        self._done = False
+        self._result = None
+
+    def poll(self):
+        return self._done or all(poll(h) for h in self._ids)
+
+    def wait(self):
+        if not self._done:
+            try:
+                self._result = self._finish(self._ids)
+            finally:
+                self._done = True
+                self._keepalive = None
+        return self._result

@@ -1,0 +1,179 @@
+"""Job lifecycle and topology queries shared by every framework adapter
+(``spark_hvd.torch``, ``spark_hvd.tensorflow``, ``spark_hvd.keras``, ``spark_hvd.numpy``)."""
+
+import atexit
+import shutil
+import threading
+
+from . import _bootstrap, _config
+from ._native import check, lib
+
+_lock = threading.Lock()
+_state = {"generation": 0, "config": None, "placement": None}
+
+
+def init(comm=None, process_sets=None):
+    """Starts spark_hvd in this process and connects it to the other ranks of the job.
+
+    Args:
+        comm: optional mpi4py communicator (or a list of ranks, Horovod-style, is rejected with
+            a clear error) whose processes form the job; by default the job is described by the
+            environment set by ``spark-hvd-run``, ``mpirun`` or ``spark_hvd.spark.run``, and a
+            process started on its own is a job of size 1.
+        process_sets: static process sets (:class:`ProcessSet` objects or lists of ranks) that
+            are registered on every rank, in order.
+
+    Calling ``init`` again after :func:`shutdown` starts a fresh job connection.
+    """
+    from .process_sets import _register_static, _static_ranks
+    with _lock:
+        if lib.shvd_is_initialized():
+            return
+        if comm is not None and isinstance(comm, (list, tuple)):
+            raise ValueError("init(comm=[ranks]) is not supported; pass an mpi4py communicator "
+                             "or use process_sets=[...] for subsets of ranks")
+        config = _config.Config()
+        static = _static_ranks(process_sets)
+        placement = _bootstrap.start(config, comm=comm, process_sets=static,
+                                     generation=_state["generation"])
+        _state.update(generation=_state["generation"] + 1, config=config, placement=placement)
+        _register_static(process_sets)
+
+
+def shutdown():
+    """Stops the engine after every rank called shutdown (pending ops on other ranks fail)."""
+    from .process_sets import _reset
+    with _lock:
+        lib.shvd_shutdown()
+        _reset()
+
+
+atexit.register(shutdown)
+
+
+def is_initialized():
+    """True between :func:`init` and :func:`shutdown`."""
+    return bool(lib.shvd_is_initialized())
+
+
+def _require_init():
+    if not lib.shvd_is_initialized():
+        raise ValueError("spark_hvd has not been initialized; call hvd.init() first.")
+
+
+def _query(fn):
+    _require_init()
+    return check(fn())
+
+
+def rank():
+    """This process's rank in the job, 0 .. size()-1."""
+    return _query(lib.shvd_rank)
+
+
+def size():
+    """Number of processes in the job."""
+    return _query(lib.shvd_size)
+
+
+def local_rank():
+    """Rank among the processes on this host (use it to pick this process's GPU)."""
+    return _query(lib.shvd_local_rank)
+
+
+def local_size():
+    """Number of processes on this host."""
+    return _query(lib.shvd_local_size)
+
+
+def cross_rank():
+    """Index of this host among the job's hosts."""
+    return _query(lib.shvd_cross_rank)
+
+
+def cross_size():
+    """Number of hosts in the job."""
+    return _query(lib.shvd_cross_size)
+
+
+def is_homogeneous():
+    """True when every host runs the same number of processes."""
+    _require_init()
+    return size() == local_size() * cross_size()
+
+
+def config():
+    """The engine configuration read from the environment at init (None before init)."""
+    return _state["config"]
+
+
+# Build and transport queries. "gloo" is Horovod's name for its MPI-free controller; our
+# TCP/shared-memory transport answers for it so scripts that branch on it keep working.
+
+def tcp_built():
+    """The embedded TCP transport is always built."""
+    return True
+
+
+def shared_memory_enabled():
+    """True when this rank exchanges data with same-host peers over shared memory."""
+    _require_init()
+    return bool(lib.shvd_shared_memory_enabled())
+
+
+def gloo_built():
+    return True
+
+
+def gloo_enabled():
+    return is_initialized()
+
+
+def mpi_built():
+    """MPI as a data transport is not built in this version (mpirun still works for launch)."""
+    return False
+
+
+def mpi_enabled():
+    return False
+
+
+def mpi_threads_supported():
+    return False
+
+
+def nccl_built():
+    return False
+
+
+def ddl_built():
+    return False
+
+
+def ccl_built():
+    return False
+
+
+def cuda_built():
+    return False
+
+
+def rocm_built():
+    return False
+
+
+def mpirun_available():
+    return shutil.which("mpirun") is not None
+
+
+def start_timeline(file_path, mark_cycles=False):
+    """Starts writing a Chrome trace of every tensor's phases to ``file_path`` (rank 0 writes it;
+    open it in chrome://tracing or https://ui.perfetto.dev)."""
+    _require_init()
+    check(lib.shvd_start_timeline(str(file_path).encode(), 1 if mark_cycles else 0))
+
+
+def stop_timeline():
+    """Stops the timeline started by :func:`start_timeline` or ``SPARK_HVD_TIMELINE``."""
+    _require_init()
+    check(lib.shvd_stop_timeline())

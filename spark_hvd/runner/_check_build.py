@@ -1,0 +1,74 @@
+"""``spark-hvd-run --check-build``: what this installation can do.
+
+Reads the core's own answers (``spark_hvd.common.basics``) when the core is importable; without
+it, reports only what can be seen from outside: importable frameworks and mpirun on PATH.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import shutil
+
+
+def _has_module(name: str) -> bool:
+    # find_spec, not import: importing TensorFlow takes seconds and may print warnings.
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def _core_answers() -> tuple[dict[str, bool | None], str | None]:
+    """The core's ``*_built()`` answers (None for a question it cannot answer) and, when the
+    core cannot be loaded, the reason."""
+    names = ("tcp_built", "mpi_built", "nccl_built", "cuda_built")
+    try:
+        basics = importlib.import_module("spark_hvd.common.basics")
+    except Exception as e:  # any failure to load the core is worth reporting, not crashing on
+        return {n: None for n in names}, f"{type(e).__name__}: {e}"
+    answers = {}
+    for n in names:
+        fn = getattr(basics, n, None)
+        try:
+            answers[n] = bool(fn()) if callable(fn) else None
+        except Exception:
+            answers[n] = None
+    return answers, None
+
+
+def _mark(value: bool | None) -> str:
+    return {True: "[X]", False: "[ ]", None: "[?]"}[value]
+
+
+def check_build_report() -> str:
+    """The text ``--check-build`` prints."""
+    try:
+        from importlib.metadata import version
+        ver = version("spark_hvd")
+    except Exception:
+        ver = "(not installed as a package)"
+    core, problem = _core_answers()
+    mpi = core["mpi_built"]
+    lines = [
+        f"spark_hvd {ver}:",
+        "",
+        "Available frameworks:",
+        f"    {_mark(_has_module('torch'))} PyTorch",
+        f"    {_mark(_has_module('tensorflow'))} TensorFlow",
+        f"    {_mark(_has_module('keras'))} Keras",
+        "",
+        "Available controllers:",
+        f"    {_mark(core['tcp_built'])} TCP (Gloo-compatible, the default)",
+        f"    {_mark(mpi)} MPI",
+        "",
+        "Available tensor operations:",
+        f"    {_mark(core['tcp_built'])} TCP / shared memory",
+        f"    {_mark(core['nccl_built'])} NCCL",
+        f"    {_mark(mpi)} MPI",
+        "",
+        f"mpirun on PATH: {'yes' if shutil.which('mpirun') else 'no'}",
+    ]
+    if problem is not None:
+        lines.append(f"native core: not loadable ({problem}); [?] marks what it would answer")
+    return "\n".join(lines)

@@ -1,0 +1,97 @@
+"""The environment each rank starts with: the bootstrap contract of DESIGN.md.
+
+The core, ``spark_hvd.spark`` and the estimators read the same variables, so this module is the
+launcher's half of that contract and nothing else.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from spark_hvd.common._secret import SECRET_ENV
+from spark_hvd.runner._hosts import SlotInfo
+from spark_hvd.runner._net import is_loopback
+
+# Set for every rank; any value inherited from the launcher's environment is replaced.
+BOOTSTRAP_VARS = (
+    "SPARK_HVD_RANK", "SPARK_HVD_SIZE", "SPARK_HVD_LOCAL_RANK", "SPARK_HVD_LOCAL_SIZE",
+    "SPARK_HVD_CROSS_RANK", "SPARK_HVD_CROSS_SIZE", "SPARK_HVD_RENDEZVOUS_ADDR", SECRET_ENV,
+    "SPARK_HVD_JOB_ID", "SPARK_HVD_HOSTNAME", "SPARK_HVD_BIND_ADDR", "SPARK_HVD_START_TIMEOUT",
+)
+
+
+def _number(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else repr(float(x))
+
+
+def config_env(args: argparse.Namespace) -> dict[str, str]:
+    """Environment variables for the tuning flags the user gave. Flags not given set nothing, so
+    values already in the launcher's environment (ours or Horovod's aliases) still apply."""
+    env = {}
+    if args.timeline_filename:
+        env["SPARK_HVD_TIMELINE"] = args.timeline_filename
+    if args.fusion_threshold_mb is not None:
+        env["SPARK_HVD_FUSION_THRESHOLD"] = str(int(args.fusion_threshold_mb * 1024 * 1024))
+    if args.cycle_time_ms is not None:
+        env["SPARK_HVD_CYCLE_TIME"] = _number(args.cycle_time_ms)
+    if args.stall_check_warning_time_seconds is not None:
+        env["SPARK_HVD_STALL_CHECK_TIME_SECONDS"] = _number(args.stall_check_warning_time_seconds)
+    if args.stall_check_shutdown_time_seconds is not None:
+        env["SPARK_HVD_STALL_SHUTDOWN_TIME_SECONDS"] = _number(
+            args.stall_check_shutdown_time_seconds)
+    if args.no_stall_check:
+        env["SPARK_HVD_STALL_CHECK_DISABLE"] = "1"
+    if args.log_level:
+        env["SPARK_HVD_LOG_LEVEL"] = args.log_level
+    if args.verbose:
+        env["SPARK_HVD_VERBOSE"] = "1"
+    if args.disable_cache:
+        env["SPARK_HVD_CACHE_CAPACITY"] = "0"
+    if args.network_interface:
+        env["SPARK_HVD_NETWORK_INTERFACE"] = args.network_interface
+    return env
+
+
+def bind_address(host: str, host_is_local: bool, all_local: bool,
+                 interface_ip: str | None) -> str:
+    """Address a rank's listeners bind to.
+
+    A 127.x host name binds to exactly that address: that is how several "hosts" share one
+    machine in tests. Otherwise the --network-interface address when the launcher can know it
+    (the host is this machine); otherwise loopback when the whole job is on this machine (nothing
+    outside needs to reach it); otherwise all interfaces. A remote host with --network-interface
+    gets 0.0.0.0 plus SPARK_HVD_NETWORK_INTERFACE and resolves the interface itself.
+    """
+    if is_loopback(host) and ":" not in host:
+        return host
+    if interface_ip and host_is_local:
+        return interface_ip
+    if all_local and not interface_ip:
+        return "127.0.0.1"
+    return "0.0.0.0"
+
+
+def rank_env(base: dict[str, str], slot: SlotInfo, *, rendezvous_addr: str, secret_hex: str,
+             job_id: str, bind_addr: str, start_timeout: float,
+             config: dict[str, str]) -> dict[str, str]:
+    """The full environment of one rank: ``base`` (the launcher's), the tuning ``config``, and
+    the bootstrap variables."""
+    env = {k: v for k, v in base.items()
+           if not k.startswith("OMPI_COMM_WORLD_")}  # or the core would think it runs under MPI
+    env.update(config)
+    env.update({
+        "SPARK_HVD_RANK": str(slot.rank),
+        "SPARK_HVD_SIZE": str(slot.size),
+        "SPARK_HVD_LOCAL_RANK": str(slot.local_rank),
+        "SPARK_HVD_LOCAL_SIZE": str(slot.local_size),
+        "SPARK_HVD_CROSS_RANK": str(slot.cross_rank),
+        "SPARK_HVD_CROSS_SIZE": str(slot.cross_size),
+        "SPARK_HVD_RENDEZVOUS_ADDR": rendezvous_addr,
+        SECRET_ENV: secret_hex,
+        "SPARK_HVD_JOB_ID": job_id,
+        "SPARK_HVD_HOSTNAME": slot.hostname,
+        "SPARK_HVD_BIND_ADDR": bind_addr,
+        "SPARK_HVD_START_TIMEOUT": _number(start_timeout),
+        "PYTHONUNBUFFERED": "1",
+    })
+    return env
