@@ -204,6 +204,7 @@ int32_t shvd_init(const shvd_init_options* o) {
     eo.local_size = o->local_size;
     eo.cross_rank = o->cross_rank;
     eo.cross_size = o->cross_size;
+    eo.job_id = mo.job_id;
     eo.coordinator.fusion_threshold_bytes = size_t(o->fusion_threshold_bytes);
     eo.coordinator.cycle_time_ms = o->cycle_time_ms;
     eo.coordinator.cache_capacity = size_t(o->cache_capacity);
@@ -299,6 +300,63 @@ int32_t shvd_enqueue(const shvd_op* ops, int32_t n, int64_t* handles) {
     for (int i = 0; i < n; ++i) handles[i] = ids[i];
     return 0;
   });
+}
+
+int32_t shvd_enqueue_packed(const char* records, int64_t len, int32_t n, int64_t* handles) {
+  struct Header {
+    int32_t op, dtype, reduce_op, root_rank, process_set, ndim, nsplits, group_size;
+    int64_t input, output;
+    double prescale, postscale;
+    int32_t name_len, group_len;
+  };
+  static_assert(sizeof(Header) == 72, "record header layout must match Python's struct format");
+  std::vector<shvd_op> ops(n);
+  // Stable storage for what the ops point to (reserved: no reallocation while filling).
+  std::vector<std::string> strings;  // NUL-terminated names and groups
+  strings.reserve(2 * n);
+  std::vector<std::vector<int64_t>> arrays;  // shape followed by splits
+  arrays.reserve(n);
+  const char* p = records;
+  const char* end = records + len;
+  for (int i = 0; i < n; ++i) {
+    Header h;
+    if (p + sizeof h > end) return fail(SHVD_ERR_INVALID, "truncated op record");
+    std::memcpy(&h, p, sizeof h);
+    p += sizeof h;
+    const size_t tail = size_t(h.name_len) + h.group_len + 8 * (size_t(h.ndim) + h.nsplits);
+    if (h.name_len < 0 || h.group_len < 0 || h.ndim < 0 || h.nsplits < 0 || p + tail > end)
+      return fail(SHVD_ERR_INVALID, "malformed op record");
+    shvd_op& op = ops[i];
+    op.op = h.op;
+    op.dtype = h.dtype;
+    op.reduce_op = h.reduce_op;
+    op.root_rank = h.root_rank;
+    op.process_set = h.process_set;
+    op.ndim = h.ndim;
+    op.nsplits = h.nsplits;
+    op.group_size = h.group_size;
+    op.input = reinterpret_cast<const void*>(h.input);
+    op.output = reinterpret_cast<void*>(h.output);
+    op.prescale = h.prescale;
+    op.postscale = h.postscale;
+    strings.emplace_back(p, h.name_len);
+    op.name = strings.back().c_str();
+    p += h.name_len;
+    if (h.group_len > 0) {
+      strings.emplace_back(p, h.group_len);
+      op.group = strings.back().c_str();
+    } else {
+      op.group = nullptr;
+    }
+    p += h.group_len;
+    // Names make the int64 arrays unaligned: copy them out.
+    arrays.emplace_back(size_t(h.ndim) + h.nsplits);
+    if (!arrays.back().empty()) std::memcpy(arrays.back().data(), p, 8 * arrays.back().size());
+    p += 8 * arrays.back().size();
+    op.shape = arrays.back().data();
+    op.splits = h.nsplits ? arrays.back().data() + h.ndim : nullptr;
+  }
+  return shvd_enqueue(ops.data(), n, handles);
 }
 
 #define REQUIRE_HANDLE(e, s, h)                                                \

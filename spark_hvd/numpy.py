@@ -122,7 +122,7 @@ def grouped_allreduce_async(arrays, average=None, name=None, op=None, prescale_f
     def finish(ids):
         _wait_all(ids)
         return outs
-    return _ops.Handle(ids, finish, keepalive=(arrays, outs, ops))
+    return _ops.Handle(ids, finish, keepalive=(arrays, outs))
 
 
 def grouped_allreduce(arrays, average=None, name=None, op=None, prescale_factor=1.0,
@@ -186,23 +186,17 @@ def broadcast_(array, root_rank, name=None, process_set=global_process_set):
 def alltoall_async(array, splits=None, name=None, process_set=global_process_set):
     """Starts an alltoall; the handle's result is ``(received array, received splits)``."""
     array = _contiguous(array)
-    if splits is not None:
-        splits = np.ascontiguousarray(np.asarray(splits, dtype=np.int64).reshape(-1))
-        import ctypes
-        split_arr = (ctypes.c_int64 * max(1, len(splits)))(*splits.tolist())
-        nsplits = len(splits)
-    else:
-        split_arr, nsplits = None, 0
+    splits = () if splits is None else tuple(np.asarray(splits, dtype=np.int64).reshape(-1).tolist())
     h = _ops.enqueue_one(OP_ALLTOALL, _ops.auto_name("alltoall", name), _dtype_code(array),
                          array.shape, _ptr(array), None, process_set=process_set_id(process_set),
-                         splits=split_arr, nsplits=nsplits)
+                         splits=splits)
 
     def finish(ids):
         data, shape, received = _ops.wait_output(ids[0])
         out = np.frombuffer(data, dtype=array.dtype).reshape(shape).copy() if data else \
             np.zeros(shape, dtype=array.dtype)
         return out, np.asarray(received, dtype=np.int64)
-    return _ops.Handle([h], finish, keepalive=(array, split_arr))
+    return _ops.Handle([h], finish, keepalive=array)
 
 
 def alltoall(array, splits=None, name=None, process_set=global_process_set):

@@ -369,7 +369,7 @@ def test_sigkill_after_grace_for_ranks_ignoring_sigterm(tmp_path):
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
 def test_signal_to_launcher_stops_ranks(tmp_path, sig):
     proc = subprocess.Popen(
         [PY, "-m", "spark_hvd.runner", "-np", "2", PY, str(SCRIPTS / "pid_and_wait.py"),
@@ -421,3 +421,56 @@ def test_hostfile_and_exit_code_zero(tmp_path):
     assert [ranks[r]["SPARK_HVD_HOSTNAME"] for r in range(3)] == [
         "127.0.0.1", "127.0.0.1", "127.0.0.3"]
     assert [ranks[r]["SPARK_HVD_LOCAL_RANK"] for r in range(3)] == ["0", "1", "0"]
+
+
+@pytest.fixture
+def fake_ssh(tmp_path):
+    """A stand-in ``ssh`` on PATH that runs the remote command on this machine, in a session of
+    its own (as on a real remote host, signals to the local ssh process do not reach it)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    log = tmp_path / "ssh.log"
+    ssh = bin_dir / "ssh"
+    ssh.write_text(f"""#!/bin/sh
+echo "$@" >> {log}
+while [ $# -gt 0 ]; do
+  case "$1" in -o|-p|-i) shift 2 ;; *) break ;; esac
+done
+shift  # the host
+exec setsid -w sh -c "$*"
+""")
+    ssh.chmod(0o755)
+    return {"PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "log": log}
+
+
+@pytest.mark.timeout(60)
+def test_remote_ranks_over_ssh(fake_ssh, tmp_path):
+    # 203.0.113.0/24 is TEST-NET-3: never this machine, so the launcher takes the ssh path.
+    done = launch(["-H", "203.0.113.1:2", "-p", "2222", "--network-interface", "lo",
+                   PY, str(SCRIPTS / "env_dump.py")], PATH=fake_ssh["PATH"])
+    assert done.returncode == 0, done.stderr
+    ranks = rank_values(done.stdout)
+    assert sorted(ranks) == [0, 1]
+    for r, v in ranks.items():
+        assert v["SPARK_HVD_RANK"] == str(r) and v["SPARK_HVD_LOCAL_RANK"] == str(r)
+        assert v["SPARK_HVD_HOSTNAME"] == "203.0.113.1"
+        assert v["SPARK_HVD_BIND_ADDR"] == "0.0.0.0"
+        assert v["SPARK_HVD_NETWORK_INTERFACE"] == "lo"
+        assert re.fullmatch(r"127\.0\.0\.1:\d+", v["SPARK_HVD_RENDEZVOUS_ADDR"])
+        assert re.fullmatch(r"[0-9a-f]{64}", v["SPARK_HVD_SECRET"])  # arrived through stdin
+    calls = fake_ssh["log"].read_text()
+    assert "203.0.113.1" in calls and "-p 2222" in calls and "BatchMode=yes" in calls
+    assert ranks[0]["SPARK_HVD_SECRET"] not in calls
+
+
+@pytest.mark.timeout(60)
+def test_remote_rank_failure_stops_remote_ranks(fake_ssh, tmp_path):
+    pid_dir = tmp_path / "pids"
+    pid_dir.mkdir()
+    done = launch(["-H", "203.0.113.1:2", "--network-interface", "lo", PY,
+                   str(SCRIPTS / "pid_and_wait.py"), str(pid_dir), "--fail-rank", "0",
+                   "--code", "4", "--child"], PATH=fake_ssh["PATH"])
+    assert done.returncode == 4, done.stderr
+    assert "rank 0 on 203.0.113.1 exited with code 4" in done.stderr
+    for pid in read_pids(pid_dir, 2):
+        assert pid_gone(pid), f"remote process {pid} survived the job"

@@ -15,12 +15,16 @@
 
 namespace shvd {
 
+class SharedMemoryGroup;
+
 // The members of one process set and the data links between them.
 struct Communicator {
   int rank = 0;                  // my index among the members
   int size = 1;
   std::vector<Link*> links;      // links[i]: data link to member i (nullptr for myself)
   std::vector<int> global_ranks; // member index -> global rank (for error messages)
+  // Set when every member shares this host: allreduce then runs through one shared segment.
+  SharedMemoryGroup* shm_group = nullptr;
 
   Link* link(int member) const { return links[member]; }
 };

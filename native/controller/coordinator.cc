@@ -33,6 +33,11 @@ int64_t num_elements(const std::vector<int64_t>& shape) {
 // "ranks [0, 2] sent [4, 3]; ranks [1] sent [5, 3]". Empty string when all agree.
 template <typename Key>
 std::string disagreement(const std::vector<int>& ranks, Key key) {
+  // Fast path (every tensor, every step): compare the formatted values only when needed.
+  const std::string first = key(ranks.front());
+  bool all_same = true;
+  for (size_t i = 1; i < ranks.size() && all_same; ++i) all_same = key(ranks[i]) == first;
+  if (all_same) return "";
   std::vector<std::pair<std::string, std::vector<int>>> groups;
   for (int r : ranks) {
     std::string k = key(r);
@@ -161,7 +166,7 @@ Response Coordinator::build_response(const std::string& name, Pending& p) {
   auto by = [&](auto field) {
     return [&, field](int r) { return field(p.by_rank[r]); };
   };
-  const std::string tensor = "tensor '" + name + "'";
+  const std::string tensor = "tensor '" + name + "'";  // for error messages
 
   // A rank that shut down can no longer take part.
   std::vector<int> gone;
@@ -172,16 +177,33 @@ Response Coordinator::build_response(const std::string& name, Pending& p) {
     return fail("ranks " + ranks_str(gone) + " have shut down spark_hvd and cannot complete " +
                 op_type_name(first.op) + " of " + tensor);
   }
-  std::string d = disagreement(submitted, by([](const Request& q) { return std::string(op_type_name(q.op)); }));
+  // Fast path for the common case (every step of a training loop): identical requests need no
+  // per-field diagnosis.
+  const bool ragged = first.op == OpType::kAllgather || first.op == OpType::kAlltoall;
+  bool uniform = true;
+  for (int r : submitted) {
+    const Request& q = p.by_rank[r];
+    uniform = uniform && q.op == first.op && q.process_set == first.process_set &&
+              q.dtype == first.dtype && q.group_size == first.group_size && q.group == first.group &&
+              q.root == first.root && q.reduce_op == first.reduce_op &&
+              q.prescale == first.prescale && q.postscale == first.postscale &&
+              (ragged ? q.shape.size() == first.shape.size() &&
+                            std::equal(q.shape.begin() + std::min<size_t>(1, q.shape.size()),
+                                       q.shape.end(),
+                                       first.shape.begin() + std::min<size_t>(1, first.shape.size()))
+                      : q.shape == first.shape);
+  }
+  std::string d;
+  if (!uniform) d = disagreement(submitted, by([](const Request& q) { return std::string(op_type_name(q.op)); }));
   if (!d.empty()) return fail("Mismatched collective operations for " + tensor + ": " + d);
-  d = disagreement(submitted, by([](const Request& q) { return std::to_string(q.process_set); }));
+  if (!uniform) d = disagreement(submitted, by([](const Request& q) { return std::to_string(q.process_set); }));
   if (!d.empty()) return fail("Mismatched process sets for " + tensor + ": " + d);
   if (first.op != OpType::kBarrier && first.op != OpType::kAddProcessSet &&
       first.op != OpType::kRemoveProcessSet) {
-    d = disagreement(submitted, by([](const Request& q) { return std::string(dtype_name(q.dtype)); }));
+    if (!uniform) d = disagreement(submitted, by([](const Request& q) { return std::string(dtype_name(q.dtype)); }));
     if (!d.empty()) return fail("Mismatched data types for " + tensor + ": " + d);
   }
-  d = disagreement(submitted, by([](const Request& q) { return std::to_string(q.group_size) + " tensors in group '" + q.group + "'"; }));
+  if (!uniform) d = disagreement(submitted, by([](const Request& q) { return std::to_string(q.group_size) + " tensors in group '" + q.group + "'"; }));
   if (!d.empty()) return fail("Mismatched grouped operation for " + tensor + ": " + d);
   if (!joined_.empty() && first.op != OpType::kAllreduce) {
     return fail(std::string(op_type_name(first.op)) + " of " + tensor +
@@ -194,13 +216,13 @@ Response Coordinator::build_response(const std::string& name, Pending& p) {
     case OpType::kAllreduce:
     case OpType::kReducescatter:
     case OpType::kBroadcast:
-      d = disagreement(submitted, by([](const Request& q) { return shape_str(q.shape); }));
+      if (!uniform) d = disagreement(submitted, by([](const Request& q) { return shape_str(q.shape); }));
       if (!d.empty()) return fail("Mismatched shapes for " + tensor + " in " + op_type_name(first.op) + ": " + d);
       if (first.op == OpType::kBroadcast) {
-        d = disagreement(submitted, by([](const Request& q) { return "root rank " + std::to_string(q.root); }));
+        if (!uniform) d = disagreement(submitted, by([](const Request& q) { return "root rank " + std::to_string(q.root); }));
         if (!d.empty()) return fail("Mismatched root ranks for " + tensor + " in broadcast: " + d);
       } else {
-        d = disagreement(submitted, by([](const Request& q) {
+        if (!uniform) d = disagreement(submitted, by([](const Request& q) {
           std::ostringstream s;
           s << "op " << reduce_op_name(q.reduce_op) << " prescale " << q.prescale << " postscale " << q.postscale;
           return s.str();
@@ -210,7 +232,7 @@ Response Coordinator::build_response(const std::string& name, Pending& p) {
       break;
     case OpType::kAllgather:
     case OpType::kAlltoall: {
-      d = disagreement(submitted, by([](const Request& q) {
+      if (!uniform) d = disagreement(submitted, by([](const Request& q) {
         if (q.shape.empty()) return std::string("a scalar");
         return "trailing dims " + shape_str(std::vector<int64_t>(q.shape.begin() + 1, q.shape.end()));
       }));

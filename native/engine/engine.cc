@@ -12,16 +12,6 @@
 
 namespace shvd {
 
-namespace {
-using Clock = std::chrono::steady_clock;
-
-int64_t num_elements(const std::vector<int64_t>& shape) {
-  int64_t n = 1;
-  for (int64_t d : shape) n *= d;
-  return n;
-}
-}  // namespace
-
 Engine::Engine(EngineOptions options, Mesh mesh, bool shared_memory)
     : options_(std::move(options)), mesh_(std::move(mesh)), shared_memory_(shared_memory) {
   sets_.reset(options_.size);
@@ -58,9 +48,12 @@ std::vector<int64_t> Engine::enqueue(std::vector<Entry> entries) {
     ids.push_back(handles_.create(&e.state));
     queue_.push_back(std::move(e));
   }
-  uint64_t one = 1;
-  ssize_t ignored = write(wake_fd_, &one, sizeof one);
-  (void)ignored;
+  work_pending_.store(true);
+  if (sleeping_.load()) {
+    uint64_t one = 1;
+    ssize_t ignored = write(wake_fd_, &one, sizeof one);
+    (void)ignored;
+  }
   return ids;
 }
 
@@ -108,7 +101,19 @@ const Communicator& Engine::communicator(int process_set) {
   c.global_ranks = sets_.members(process_set);
   c.size = int(c.global_ranks.size());
   c.rank = sets_.index_of(process_set, options_.rank);
-  for (int g : c.global_ranks) c.links.push_back(g == options_.rank ? nullptr : mesh_.data[g].get());
+  bool all_shared_memory = c.size > 1;
+  for (int g : c.global_ranks) {
+    Link* link = g == options_.rank ? nullptr : mesh_.data[g].get();
+    c.links.push_back(link);
+    if (link && !link->is_shared_memory()) all_shared_memory = false;
+  }
+  // Every member builds this communicator while executing the same response, so the
+  // collective set-up of the shared segment lines up across members.
+  if (all_shared_memory && c.rank >= 0) {
+    auto group = SharedMemoryGroup::create(c, options_.job_id);
+    c.shm_group = group.get();
+    shm_groups_[process_set] = std::move(group);
+  }
   return communicators_.emplace(process_set, std::move(c)).first->second;
 }
 
@@ -135,31 +140,44 @@ void Engine::wait_for_work() {
   fds.push_back({wake_fd_, POLLIN, 0});
   for (auto& link : mesh_.control)
     if (link) fds.push_back({link->fd(), POLLIN, 0});
-  int timeout_ms = 1000;
-  if (coordinator_) {
-    auto now = Clock::now();
-    auto wait = coordinator_->next_deadline(now) - now;
-    timeout_ms = int(std::max<int64_t>(
-        0, std::chrono::duration_cast<std::chrono::microseconds>(wait).count() + 999) / 1000);
+  pollfd* control_fds = fds.data() + 1;
+  const nfds_t ncontrol = fds.size() - 1;
+  auto deadline = Clock::now() + std::chrono::seconds(1);
+  if (coordinator_) deadline = coordinator_->next_deadline(Clock::now());
+
+  // Spin while recently active: a sleep/wake pair costs more than a small collective.
+  const auto spin_until =
+      last_activity_ + std::chrono::microseconds(int64_t(options_.spin_microseconds));
+  while (Clock::now() < std::min(spin_until, deadline)) {
+    if (work_pending_.load()) break;
+    if (ncontrol && poll(control_fds, ncontrol, 0) > 0) break;
+    std::this_thread::yield();
   }
-  // Check briefly without sleeping first: back-to-back small collectives arrive within
-  // microseconds and a sleep/wake costs more than the op itself.
-  for (int spin = 0; spin < 50; ++spin) {
-    if (poll(fds.data(), fds.size(), 0) > 0) break;
-    if (spin == 49) poll(fds.data(), fds.size(), timeout_ms);
-    else std::this_thread::yield();
+  if (!work_pending_.load() && !(ncontrol && poll(control_fds, ncontrol, 0) > 0)) {
+    sleeping_.store(true);
+    // Re-check after announcing sleep: an enqueue that missed the flag already set
+    // work_pending_, one that saw it writes the eventfd.
+    if (!work_pending_.load()) {
+      auto wait = deadline - Clock::now();
+      int timeout_ms = int(std::max<int64_t>(
+          0, std::chrono::duration_cast<std::chrono::microseconds>(wait).count() + 999) / 1000);
+      poll(fds.data(), fds.size(), timeout_ms);
+    }
+    sleeping_.store(false);
   }
   if (fds[0].revents & POLLIN) {
     uint64_t v;
     ssize_t ignored = read(wake_fd_, &v, sizeof v);
     (void)ignored;
   }
+  work_pending_.store(false);
 }
 
 std::vector<Entry> Engine::take_queue() {
   std::lock_guard<std::mutex> lock(queue_mu_);
   std::vector<Entry> out;
   out.swap(queue_);
+  if (!out.empty()) last_activity_ = Clock::now();
   return out;
 }
 
@@ -199,6 +217,7 @@ void Engine::run_coordinator() {
     pollfd pfd{link->fd(), POLLIN, 0};
     while (poll(&pfd, 1, 0) > 0 && (pfd.revents & (POLLIN | POLLHUP | POLLERR))) {
       RequestBatch b = decode_request_batch(recv_frame(link));
+      last_activity_ = Clock::now();
       if (timeline_.active())
         for (const auto& q : b.requests) timeline_.instant(q.name, "rank " + std::to_string(b.rank) + " ready");
       coordinator_->add_batch(b);
@@ -263,12 +282,14 @@ void Engine::abort_job(const std::string& why) {
   mesh_.data.clear();
   mesh_.control.clear();
   communicators_.clear();
+  shm_groups_.clear();
   finished_ = true;
 }
 
 // ---------------------------------------------------------------------------------------------
 
 void Engine::execute(const Response& resp) {
+  last_activity_ = Clock::now();
   // Process-set bookkeeping happens on every rank, members or not, so ids stay in step.
   if (resp.op == OpType::kAddProcessSet || resp.op == OpType::kRemoveProcessSet) {
     int id = -1;
@@ -279,6 +300,7 @@ void Engine::execute(const Response& resp) {
       } else {
         sets_.remove(resp.root);
         communicators_.erase(resp.root);
+        shm_groups_.erase(resp.root);
         id = resp.root;
       }
     }

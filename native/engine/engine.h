@@ -6,6 +6,7 @@
 // link, belongs to the engine thread.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <deque>
 #include <map>
@@ -19,6 +20,7 @@
 #include <vector>
 
 #include "../algorithms/collectives.h"
+#include "../algorithms/shared_memory_group.h"
 #include "../controller/coordinator.h"
 #include "../controller/message.h"
 #include "../controller/process_sets.h"
@@ -29,11 +31,17 @@
 
 namespace shvd {
 
+using Clock = std::chrono::steady_clock;
+
 struct EngineOptions {
   int rank = 0, size = 1, local_rank = 0, local_size = 1, cross_rank = 0, cross_size = 1;
   CoordinatorOptions coordinator;
   size_t ring_threshold_bytes = kDefaultRingThresholdBytes;
   std::vector<std::vector<int>> static_process_sets;
+  std::string job_id = "job";
+  // After activity the engine polls for this long before sleeping: back-to-back collectives
+  // (a training step's gradients, latency-bound loops) then skip two thread wake-ups each.
+  double spin_microseconds = 200;
 };
 
 // One enqueued op as the engine keeps it until completion.
@@ -93,6 +101,7 @@ class Engine {
   FusionBuffer fusion_;
   std::unique_ptr<Coordinator> coordinator_;  // rank 0 only
   std::map<int, Communicator> communicators_;
+  std::map<int, std::unique_ptr<SharedMemoryGroup>> shm_groups_;
 
   // Shared with user threads.
   std::mutex queue_mu_;
@@ -101,11 +110,16 @@ class Engine {
   bool shutdown_requested_ = false;
   bool stopped_ = false;
   std::string abort_reason_;
-  int wake_fd_ = -1;  // eventfd: enqueue/shutdown wake the engine thread
+  int wake_fd_ = -1;  // eventfd: enqueue/shutdown wake a sleeping engine thread
+  // Set by enqueue; lets a spinning engine notice new work without a syscall.
+  std::atomic<bool> work_pending_{false};
+  // True while the engine thread blocks in poll(): only then does enqueue pay for a wake-up.
+  std::atomic<bool> sleeping_{false};
 
   // Engine thread only.
   std::unordered_map<std::string, Entry> table_;  // negotiating or waiting to execute
   std::unordered_map<std::string, std::pair<uint32_t, Request>> cache_;  // response cache
+  Clock::time_point last_activity_{};
   bool shutdown_sent_ = false;
   bool finished_ = false;
   std::thread thread_;

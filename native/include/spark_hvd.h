@@ -105,6 +105,12 @@ int32_t shvd_process_set_find(const int32_t* ranks, int32_t n); /* id or -1 */
 /* Enqueue `n` ops atomically (one negotiation round for a group). Writes n handles (> 0).
  * On failure no op is enqueued. */
 int32_t shvd_enqueue(const shvd_op* ops, int32_t n, int64_t* handles);
+/* The same as shvd_enqueue, with the ops serialised back to back in one buffer (what Python
+ * uses: one struct.pack instead of a ctypes structure per op). Each record, little-endian, a 72-byte header:
+ *   int32 op, dtype, reduce_op, root_rank, process_set, ndim, nsplits, group_size,
+ *   int64 input, output, float64 prescale, postscale, int32 name_len, group_len,
+ *   then name bytes, group bytes, int64 shape[ndim], int64 splits[nsplits]. */
+int32_t shvd_enqueue_packed(const char* records, int64_t len, int32_t n, int64_t* handles);
 /* 1 if done, 0 if pending, -1 unknown handle. */
 int32_t shvd_poll(int64_t handle);
 /* Waits until done. Returns 0 on success, -1 on failure (the op's error). */

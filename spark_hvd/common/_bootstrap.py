@@ -13,6 +13,7 @@ import socket
 
 from . import _config
 from ._native import InitOptions, check, lib
+from ._network import route_address
 from ._secret import SECRET_ENV, secret_from_env
 
 
@@ -52,14 +53,15 @@ def _env_int(name):
     return int(value) if value not in (None, "") else None
 
 
-def _advertised_host(bind_addr):
-    """The address other ranks use to reach our listener."""
+def _advertised_host(bind_addr, rendezvous_host=None):
+    """The address other ranks use to reach our listener: the bind address, or for a wildcard
+    bind the local address that routes to the rendezvous host (``gethostbyname(hostname)``
+    is 127.0.1.1 on many distributions, unreachable from other machines)."""
     if bind_addr not in ("", "0.0.0.0"):
         return bind_addr
-    try:
-        return socket.gethostbyname(socket.gethostname())
-    except OSError:
-        return "127.0.0.1"
+    if rendezvous_host:
+        return route_address(rendezvous_host)
+    return socket.gethostbyname(socket.gethostname())
 
 
 def _mpi_comm(comm):
@@ -127,7 +129,9 @@ def start(config, comm=None, process_sets=(), rendezvous=None, placement=None, s
     peers = ""
     if placement.size > 1:
         port = check(lib.shvd_listen(bind_addr.encode() or b"0.0.0.0"))
-        mine = f"{_advertised_host(bind_addr)} {port} {host_id}".encode()
+        rendezvous_host = os.environ.get("SPARK_HVD_RENDEZVOUS_ADDR", "").rpartition(":")[0]
+        mine = f"{_advertised_host(bind_addr, rendezvous_host.strip('[]'))} {port} {host_id}"
+        mine = mine.encode()
         lines = [v.decode() for v in rendezvous.allgather(mine)]
         peers = "\n".join(lines) + "\n"
         placement.fill_from_hosts([line.split()[2] for line in lines])

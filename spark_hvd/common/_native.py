@@ -48,27 +48,6 @@ class InitOptions(ctypes.Structure):
     ]
 
 
-class Op(ctypes.Structure):
-    _fields_ = [
-        ("op", ctypes.c_int32),
-        ("name", ctypes.c_char_p),
-        ("dtype", ctypes.c_int32),
-        ("ndim", ctypes.c_int32),
-        ("shape", ctypes.POINTER(ctypes.c_int64)),
-        ("input", ctypes.c_void_p),
-        ("output", ctypes.c_void_p),
-        ("reduce_op", ctypes.c_int32),
-        ("prescale", ctypes.c_double),
-        ("postscale", ctypes.c_double),
-        ("root_rank", ctypes.c_int32),
-        ("process_set", ctypes.c_int32),
-        ("splits", ctypes.POINTER(ctypes.c_int64)),
-        ("nsplits", ctypes.c_int32),
-        ("group", ctypes.c_char_p),
-        ("group_size", ctypes.c_int32),
-    ]
-
-
 def _library_path():
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     return os.path.join(here, "_core", "libspark_hvd_core.so")
@@ -97,7 +76,7 @@ def _load():
         "shvd_process_set_ranks": (i32, [i32, p_i32, i32]),
         "shvd_process_set_ids": (i32, [p_i32, i32]),
         "shvd_process_set_find": (i32, [p_i32, i32]),
-        "shvd_enqueue": (i32, [ctypes.POINTER(Op), i32, p_i64]),
+        "shvd_enqueue_packed": (i32, [ctypes.c_char_p, i64, i32, p_i64]),
         "shvd_poll": (i32, [i64]),
         "shvd_wait": (i32, [i64]),
         "shvd_output": (i32, [i64, ctypes.POINTER(vp), p_i64]),

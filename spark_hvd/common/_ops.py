@@ -4,11 +4,12 @@ only convert their tensors to (pointer, dtype code, shape) and back."""
 
 import ctypes
 import itertools
+import struct
 import warnings
 from collections import defaultdict
 
 from . import basics
-from ._native import Op, check, lib
+from ._native import check, lib
 
 # Reduce ops: the values are the core's codes.
 Average, Sum, Adasum, Min, Max, Product = 0, 1, 2, 3, 4, 5
@@ -16,6 +17,9 @@ _REDUCE_OP_NAMES = {Average: "Average", Sum: "Sum", Adasum: "Adasum", Min: "Min"
                     Product: "Product"}
 
 _name_counters = defaultdict(itertools.count)
+# Reused output slot for single-op enqueues (ctypes releases the GIL, but the value is read
+# back by the same thread before any other Python code runs on it).
+_one_handle = (ctypes.c_int64 * 1)()
 
 
 def auto_name(kind, name):
@@ -41,50 +45,37 @@ def resolve_reduce_op(op, average, default=Average):
     return op
 
 
-def _shape_array(shape):
-    return (ctypes.c_int64 * max(1, len(shape)))(*shape)
+_HEADER = struct.Struct("<8i2q2d2i")
 
 
 def make_op(kind, name, dtype, shape, input_ptr, output_ptr, reduce_op=Sum, prescale=1.0,
-            postscale=1.0, root_rank=0, process_set=0, splits=None, nsplits=0, group=None,
-            group_size=0):
-    """Builds one native op description. The returned object keeps its arrays alive."""
-    op = Op()
-    op.op = kind
-    op.name = name.encode()
-    op.dtype = dtype
-    op.ndim = len(shape)
-    op._shape = _shape_array(shape)
-    op.shape = op._shape
-    op.input = input_ptr
-    op.output = output_ptr
-    op.reduce_op = reduce_op
-    op.prescale = prescale
-    op.postscale = postscale
-    op.root_rank = root_rank
-    op.process_set = process_set
-    if splits is not None:
-        op._splits = splits
-        op.splits = ctypes.cast(splits, ctypes.POINTER(ctypes.c_int64))
-        op.nsplits = nsplits
-    if group is not None:
-        op.group = group.encode()
-        op.group_size = group_size
-    return op
+            postscale=1.0, root_rank=0, process_set=0, splits=(), group=None, group_size=0):
+    """Serialises one op description for ``shvd_enqueue_packed`` (layout in spark_hvd.h)."""
+    name_b = name.encode()
+    group_b = group.encode() if group else b""
+    ndim, nsplits = len(shape), len(splits)
+    return b"".join((
+        _HEADER.pack(kind, dtype, reduce_op, root_rank, process_set, ndim, nsplits, group_size,
+                     input_ptr or 0, output_ptr or 0, prescale, postscale, len(name_b),
+                     len(group_b)),
+        name_b, group_b, struct.pack(f"<{ndim + nsplits}q", *shape, *splits)))
 
 
-def enqueue(ops):
-    """Enqueues ops atomically; returns their native handles."""
+def enqueue(records):
+    """Enqueues serialised ops atomically; returns their native handles."""
     basics._require_init()
-    n = len(ops)
-    array = (Op * n)(*ops)
+    n = len(records)
     handles = (ctypes.c_int64 * n)()
-    check(lib.shvd_enqueue(array, n, handles))
+    data = b"".join(records)
+    check(lib.shvd_enqueue_packed(data, len(data), n, handles))
     return list(handles)
 
 
 def enqueue_one(kind, name, dtype, shape, input_ptr, output_ptr, **kwargs):
-    return enqueue([make_op(kind, name, dtype, shape, input_ptr, output_ptr, **kwargs)])[0]
+    basics._require_init()
+    record = make_op(kind, name, dtype, shape, input_ptr, output_ptr, **kwargs)
+    check(lib.shvd_enqueue_packed(record, len(record), 1, _one_handle))
+    return _one_handle[0]
 
 
 def poll(handle_id):

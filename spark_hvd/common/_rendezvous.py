@@ -227,8 +227,10 @@ class RendezvousServer:
                 except _ConnectionClosed:
                     return
                 _send_frame(conn, _pack_fields(self._handle(request)))
-        except (OSError, ValueError, _ConnectionClosed, struct.error):
-            return  # malformed or oversized input, or the peer went away: drop the connection
+        except Exception:
+            # Malformed or oversized input, a failed handshake, or the peer went away: drop the
+            # connection. Nothing a peer sends may take the server down.
+            return
         finally:
             with self._cond:
                 self._conns.discard(conn)
@@ -271,7 +273,7 @@ class RendezvousServer:
                     remaining = deadline - time.monotonic()
                     if remaining <= 0:
                         return [_TIMED_OUT]
-                    self._cond.wait(remaining)
+                    self._cond.wait(min(remaining, 60.0))  # huge timeouts overflow wait()
         if op == _OP_DELETE_SCOPE and len(args) == 1:
             with self._cond:
                 self._store.pop(args[0].decode(), None)

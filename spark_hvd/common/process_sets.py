@@ -126,8 +126,7 @@ def _negotiate(op, ranks=(), set_id=0):
                          "(or HOROVOD_DYNAMIC_PROCESS_SETS=1) before init() to add or remove "
                          "process sets at run time")
     name = f"__process_set__.{next(_dynamic_counter)}"
-    splits = (ctypes.c_int64 * max(1, len(ranks)))(*ranks)
-    handle = _ops.enqueue_one(op, name, 0, (), None, None, splits=splits, nsplits=len(ranks),
+    handle = _ops.enqueue_one(op, name, 0, (), None, None, splits=tuple(ranks),
                               root_rank=set_id)
     return _ops.wait_ints(handle)[0]
 

@@ -45,9 +45,9 @@ def check_build_report() -> str:
     """The text ``--check-build`` prints."""
     try:
         from importlib.metadata import version
-        ver = version("spark_hvd")
-    except Exception:
-        ver = "(not installed as a package)"
+        ver = version("spark-hvd")
+    except Exception:  # running from a source tree
+        ver = getattr(importlib.import_module("spark_hvd"), "__version__", "(unknown version)")
     core, problem = _core_answers()
     mpi = core["mpi_built"]
     lines = [

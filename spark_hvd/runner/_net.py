@@ -8,6 +8,8 @@ import socket
 import struct
 import sys
 
+from spark_hvd.common._network import route_address  # noqa: F401  (re-exported)
+
 _LOCAL_NAMES = {"localhost", "localhost.localdomain", "ip6-localhost", "ip6-loopback"}
 
 
@@ -97,12 +99,3 @@ def is_local_host(host: str, identities: frozenset[str] | None = None) -> bool:
     return any(is_loopback(a) or a.lower() in ids for a in resolved)
 
 
-def route_address(host: str) -> str:
-    """The local address this machine would use to reach ``host`` (no packet is sent)."""
-    try:
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        with socket.socket(family, socket.SOCK_DGRAM) as s:
-            s.connect((host, 9))
-            return s.getsockname()[0]
-    except OSError:
-        return socket.gethostbyname(socket.gethostname())

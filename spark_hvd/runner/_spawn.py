@@ -41,12 +41,14 @@ def remote_script(command: list[str], env: dict[str, str], cwd: str) -> str:
     It reads the secret from the first line of stdin, starts the command in a new session, and
     keeps watching stdin: when ssh's stdin closes (the launcher tore the job down, died, or the
     connection dropped) it kills the rank's whole process group, SIGTERM then SIGKILL, because
-    without a terminal nothing else tells remote processes that their launcher is gone.
+    without a terminal nothing else tells remote processes that their launcher is gone. When the
+    rank exits by itself, processes it left in its group are stopped too.
     """
     assignments = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(env.items()))
     cmd = " ".join(shlex.quote(c) for c in command)
     return "\n".join([
-        f"cd {shlex.quote(cwd)} || exit 127",
+        f"cd {shlex.quote(cwd)} 2>/dev/null || {{ echo \"spark-hvd-run: $(hostname) has no "
+        f"directory\" {shlex.quote(cwd)} >&2; exit 127; }}",
         f"IFS= read -r {SECRET_ENV} || exit 1",
         f"export {SECRET_ENV}",
         "exec 3<&0",
@@ -60,6 +62,12 @@ def remote_script(command: list[str], env: dict[str, str], cwd: str) -> str:
         "exec 3<&-",
         "wait $child; rc=$?",
         "kill $watcher 2>/dev/null",
+        # Whatever the rank started and left behind goes with it (as for local ranks).
+        # Not waiting for them here keeps the rank's exit code prompt to reach the launcher.
+        "if kill -0 -$child 2>/dev/null; then",
+        "  kill -TERM -$child 2>/dev/null",
+        "  ( sleep 5; kill -KILL -$child 2>/dev/null ) </dev/null >/dev/null 2>&1 &",
+        "fi",
         "exit $rc",
     ])
 

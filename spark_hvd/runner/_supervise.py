@@ -118,20 +118,22 @@ class Supervisor:
         rc = proc.returncode
         if rc == 0 or self._terminating:
             return
-        # Let the rank's last words (its traceback) reach the terminal before our verdict.
+        others = [p for p in self.ranks if p.returncode is None]
+        self._exit_code = exit_code_of(rc) or 1
+        self._terminate(signal.SIGTERM)
+        # Let the rank's last words (its traceback) reach the terminal before our verdict. The
+        # pipes may be held open by processes the rank started, which the SIGTERM above stops.
+        deadline = time.monotonic() + 0.5
         for t in getattr(proc, "output_threads", ()):
-            t.join(timeout=0.5)
+            t.join(timeout=max(0.0, deadline - time.monotonic()))
         where = f" on {proc.host}" if proc.remote else ""
         hint = ""
         if proc.remote and rc == 255:
             hint = (" (ssh's code for a connection failure: check that `ssh "
                     f"{proc.host}` works without a password prompt)")
         self._log(f"rank {proc.rank}{where} {describe_exit(rc)}{hint}")
-        others = [p for p in self.ranks if p.returncode is None]
         if others:
             self._log(f"terminating the remaining {len(others)} rank(s)")
-        self._exit_code = exit_code_of(rc) or 1
-        self._terminate(signal.SIGTERM)
 
     def _on_signal(self, signum: int) -> None:
         name = signal.Signals(signum).name

@@ -240,7 +240,8 @@ class _Job:
     def _install_signal_handlers(self):
         if threading.current_thread() is not threading.main_thread():
             return lambda: None  # only the main thread may handle signals
-        sigs = (signal.SIGINT, signal.SIGTERM)
+        # SIGHUP too: a closed terminal should stop the job cleanly, not orphan the ranks.
+        sigs = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
         old = {s: signal.signal(s, self.supervisor.handle_signal) for s in sigs}
 
         def restore() -> None:

@@ -1,0 +1,182 @@
+#include "shared_memory_group.h"
+
+#include <fcntl.h>
+#include <sched.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+
+#include "../common/hmac.h"
+#include "reduce_kernels.h"
+
+namespace shvd {
+
+namespace {
+constexpr size_t kLine = 64;
+constexpr size_t kDefaultChunkBytes = 512 * 1024;
+enum { kIn = 0, kReduced = 1, kDone = 2 };
+
+struct alignas(kLine) Counter {
+  std::atomic<uint64_t> value;
+  char pad[kLine - sizeof(std::atomic<uint64_t>)];
+};
+
+size_t chunk_bytes_from_env() {
+  const char* v = std::getenv("SPARK_HVD_SHM_CHUNK_BYTES");
+  size_t c = v ? std::strtoull(v, nullptr, 10) : kDefaultChunkBytes;
+  return std::max<size_t>(4096, c / kLine * kLine);
+}
+
+inline void cpu_relax() { __builtin_ia32_pause(); }
+}  // namespace
+
+// Per member: three progress counters, each on its own cache line.
+struct SharedMemoryGroup::Control {
+  Counter seq[3];
+};
+
+static size_t control_bytes(int members) { return sizeof(SharedMemoryGroup::Control) * members; }
+
+SharedMemoryGroup::SharedMemoryGroup(void* base, size_t bytes, int members, size_t chunk_bytes)
+    : base_(base), bytes_(bytes), members_(members), chunk_bytes_(chunk_bytes) {}
+
+SharedMemoryGroup::~SharedMemoryGroup() { munmap(base_, bytes_); }
+
+uint8_t* SharedMemoryGroup::slot(int member, int buffer) const {
+  return static_cast<uint8_t*>(base_) + control_bytes(members_) +
+         (size_t(member) * 2 + buffer) * chunk_bytes_;
+}
+
+uint8_t* SharedMemoryGroup::result(int buffer) const {
+  return static_cast<uint8_t*>(base_) + control_bytes(members_) +
+         (size_t(members_) * 2 + buffer) * chunk_bytes_;
+}
+
+std::unique_ptr<SharedMemoryGroup> SharedMemoryGroup::create(const Communicator& comm,
+                                                             const std::string& job_id) {
+  const size_t chunk = chunk_bytes_from_env();
+  const size_t bytes = control_bytes(comm.size) + (size_t(comm.size) * 2 + 2) * chunk;
+  void* base = MAP_FAILED;
+  uint8_t ok = 1;
+  if (comm.rank == 0) {
+    uint8_t rnd[8];
+    random_bytes(rnd, sizeof rnd);
+    char hex[17];
+    for (int i = 0; i < 8; ++i) snprintf(hex + 2 * i, 3, "%02x", rnd[i]);
+    std::string name = "/shvd-" + job_id + "-group-" + hex;
+    int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
+    if (fd >= 0 && posix_fallocate(fd, 0, off_t(bytes)) == 0)
+      base = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (fd >= 0) close(fd);
+    ok = base != MAP_FAILED;
+    if (ok) std::memset(base, 0, control_bytes(comm.size));
+    const uint32_t len = ok ? uint32_t(name.size()) : 0;
+    for (int m = 1; m < comm.size; ++m) {
+      comm.link(m)->send(&len, sizeof len);
+      if (len) comm.link(m)->send(name.data(), len);
+    }
+    for (int m = 1; m < comm.size; ++m) {
+      uint8_t ack = 0;
+      comm.link(m)->recv(&ack, 1);
+      ok = ok && ack;
+    }
+    if (base != MAP_FAILED) shm_unlink(name.c_str());
+    for (int m = 1; m < comm.size; ++m) comm.link(m)->send(&ok, 1);
+  } else {
+    uint32_t len = 0;
+    comm.link(0)->recv(&len, sizeof len);
+    std::string name(len, '\0');
+    if (len) comm.link(0)->recv(&name[0], len);
+    if (len) {
+      int fd = shm_open(name.c_str(), O_RDWR | O_CLOEXEC, 0600);
+      if (fd >= 0) {
+        base = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+        close(fd);
+      }
+    }
+    uint8_t ack = base != MAP_FAILED;
+    comm.link(0)->send(&ack, 1);
+    comm.link(0)->recv(&ok, 1);  // everyone must have mapped it, or nobody uses it
+  }
+  if (!ok) {
+    if (base != MAP_FAILED) munmap(base, bytes);
+    return nullptr;
+  }
+  return std::unique_ptr<SharedMemoryGroup>(new SharedMemoryGroup(base, bytes, comm.size, chunk));
+}
+
+void SharedMemoryGroup::wait_all(const Communicator& comm, int which, uint64_t target) {
+  auto* ctl = static_cast<Control*>(base_);
+  for (int m = 0; m < members_; ++m) {
+    if (m == comm.rank) continue;
+    std::atomic<uint64_t>& v = ctl[m].seq[which].value;
+    int idle = 0;
+    while (v.load(std::memory_order_acquire) < target) {
+      if (++idle < 4000) {
+        cpu_relax();
+      } else {
+        // Peers are slow (or gone): let others have the core, and watch for failures.
+        if ((idle & 255) == 0) {
+          global_abort().check();
+          if (!comm.link(m)->peer_alive())
+            throw PeerLostError("rank " + std::to_string(comm.global_ranks[m]) +
+                                " died during a shared-memory allreduce");
+        }
+        sched_yield();
+      }
+    }
+  }
+}
+
+void SharedMemoryGroup::allreduce(const Communicator& comm, void* buf, size_t count,
+                                  DataType dtype, ReduceOp op) {
+  const int n = members_, me = comm.rank;
+  const size_t esize = dtype_size(dtype);
+  // Chunk and slice boundaries fall on element boundaries.
+  const size_t chunk_elems = std::max<size_t>(n, chunk_bytes_ / esize / n * n);
+  auto* data = static_cast<uint8_t*>(buf);
+  auto* ctl = static_cast<Control*>(base_);
+  Counter* mine = ctl[me].seq;
+
+  for (size_t first = 0; first < count; first += chunk_elems) {
+    const size_t elems = std::min(chunk_elems, count - first);
+    const uint64_t seq = ++chunks_done_;
+    const int b = int(seq & 1);
+    uint8_t* chunk = data + first * esize;
+    // Slice i of this chunk: [lo(i), lo(i+1)) elements.
+    auto lo = [&](int i) { return elems * size_t(i) / n; };
+
+    // The buffer we are about to overwrite was last used two chunks ago.
+    if (seq > 2) wait_all(comm, kDone, seq - 2);
+    for (int i = 0; i < n; ++i)
+      if (i != me)
+        std::memcpy(slot(me, b) + lo(i) * esize, chunk + lo(i) * esize, (lo(i + 1) - lo(i)) * esize);
+    mine[kIn].value.store(seq, std::memory_order_release);
+
+    wait_all(comm, kIn, seq);
+    const size_t off = lo(me) * esize, len = lo(me + 1) - lo(me);
+    uint8_t* out = result(b) + off;
+    auto member_data = [&](int m) -> const uint8_t* {
+      return m == me ? chunk + off : slot(m, b) + off;
+    };
+    if (len) {
+      reduce_out(out, member_data(0), member_data(1), len, dtype, op);
+      for (int m = 2; m < n; ++m) reduce_into(out, member_data(m), len, dtype, op);
+    }
+    mine[kReduced].value.store(seq, std::memory_order_release);
+
+    if (len) std::memcpy(chunk + off, out, len * esize);
+    wait_all(comm, kReduced, seq);
+    for (int i = 0; i < n; ++i)
+      if (i != me)
+        std::memcpy(chunk + lo(i) * esize, result(b) + lo(i) * esize, (lo(i + 1) - lo(i)) * esize);
+    mine[kDone].value.store(seq, std::memory_order_release);
+  }
+}
+
+}  // namespace shvd

@@ -1,0 +1,53 @@
+// Intra-host allreduce through one shared segment that every member maps, used when all members
+// of a communicator share a host. Instead of streaming bytes through pipes (a copy in, a copy
+// out, per ring step), each member publishes its chunk once, reduces its own slice of every
+// chunk directly out of the others' slots, and copies the finished slices back:
+//
+//   for each chunk (double-buffered so the next chunk's copy-in overlaps the stragglers):
+//     1. copy-in   member r copies the slices owned by others into its slot, bumps `in_seq`
+//     2. reduce    member r reduces slice r over all members (its own from private memory,
+//                  the others' from their slots), in member order, into the shared result;
+//                  bumps `reduced_seq`
+//     3. copy-out  member r copies the other slices from the shared result, bumps `done_seq`
+//
+// Chunks are sized to stay in cache, so DRAM sees the input read once and the output written
+// once. Each slice is reduced by exactly one member in a fixed order: results are bitwise equal.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <string>
+
+#include "collectives.h"
+
+namespace shvd {
+
+class SharedMemoryGroup {
+ public:
+  // Collective over `comm` (every member calls it for the same communicator): member 0 creates
+  // the segment and sends its name over the data links; the others map it and acknowledge; then
+  // the name is unlinked so nothing is left behind after a crash. Returns nullptr (on every
+  // member alike) when shared memory cannot be set up, and the caller falls back to the links.
+  static std::unique_ptr<SharedMemoryGroup> create(const Communicator& comm,
+                                                   const std::string& job_id);
+  ~SharedMemoryGroup();
+
+  void allreduce(const Communicator& comm, void* buf, size_t count, DataType dtype,
+                 ReduceOp op);
+
+  struct Control;  // per-member progress counters at the start of the segment
+
+ private:
+  SharedMemoryGroup(void* base, size_t bytes, int members, size_t chunk_bytes);
+  void wait_all(const Communicator& comm, int which, uint64_t target);
+  uint8_t* slot(int member, int buffer) const;
+  uint8_t* result(int buffer) const;
+
+  void* base_;
+  size_t bytes_;
+  int members_;
+  size_t chunk_bytes_;
+  uint64_t chunks_done_ = 0;  // chunks processed so far, identical on every member
+};
+
+}  // namespace shvd

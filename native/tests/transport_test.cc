@@ -1,0 +1,750 @@
+// Standalone test of the transport layer, the reduction kernels and the crypto helpers.
+// Multi-rank tests fork one process per rank on 127.0.0.1 (the listening endpoints are opened in
+// the parent first, so every rank knows every port, as after a real rendezvous). Built and run
+// by tests/test_native_transport.py; not part of the library.
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <arpa/inet.h>
+#include <dirent.h>
+
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <random>
+#include <thread>
+
+#include "../algorithms/reduce_kernels.h"
+#include "../common/hmac.h"
+#include "../transport/mesh.h"
+
+using namespace shvd;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+int g_passed = 0, g_failed = 0;
+std::string g_job;  // unique per run: names shm segments, checked for leaks at the end
+
+struct Failure : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+#define CHECK(cond)                                                                       \
+  do {                                                                                    \
+    if (!(cond)) throw Failure(std::string(__FILE__ ":") + std::to_string(__LINE__) +     \
+                               ": CHECK(" #cond ") failed");                              \
+  } while (0)
+
+double seconds_since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+void run_test(const char* name, const std::function<void()>& fn) {
+  auto t0 = Clock::now();
+  try {
+    fn();
+    ++g_passed;
+    std::printf("PASS %-44s %6.2f s\n", name, seconds_since(t0));
+  } catch (const std::exception& e) {
+    ++g_failed;
+    std::printf("FAIL %-44s %s\n", name, e.what());
+  }
+  std::fflush(stdout);
+}
+
+std::string hex(const Digest& d) {
+  std::string s;
+  char b[3];
+  for (uint8_t x : d) std::snprintf(b, 3, "%02x", x), s += b;
+  return s;
+}
+
+// ---- crypto -----------------------------------------------------------------------------------
+
+void test_sha256() {
+  CHECK(hex(sha256("abc", 3)) == "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+  CHECK(hex(sha256("", 0)) == "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
+  const char* two = "abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq";  // 2 blocks
+  CHECK(hex(sha256(two, strlen(two))) ==
+        "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1");
+  std::string million(1000000, 'a');
+  CHECK(hex(sha256(million.data(), million.size())) ==
+        "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0");
+}
+
+void test_hmac() {
+  // RFC 4231 test cases 1, 2 and 6 (key longer than the block size).
+  CHECK(hex(hmac_sha256(std::string(20, '\x0b'), "Hi There", 8)) ==
+        "b0344c61d8db38535ca8afceaf0bf12b881dc200c9833da726e9376c2e32cff7");
+  const char* m2 = "what do ya want for nothing?";
+  CHECK(hex(hmac_sha256("Jefe", m2, strlen(m2))) ==
+        "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843");
+  const char* m6 = "Test Using Larger Than Block-Size Key - Hash Key First";
+  CHECK(hex(hmac_sha256(std::string(131, '\xaa'), m6, strlen(m6))) ==
+        "60e431591ee0b67f0d8a26aacbf5b77f8e0bc6213728c5140546040f0ee37f54");
+  Digest a = sha256("x", 1), b = a;
+  CHECK(digest_equal(a, b));
+  b[31] ^= 1;
+  CHECK(!digest_equal(a, b));
+  uint8_t r1[32], r2[32];
+  random_bytes(r1, 32);
+  random_bytes(r2, 32);
+  CHECK(memcmp(r1, r2, 32) != 0);
+}
+
+// ---- half precision -----------------------------------------------------------------------------
+
+// Independent definitions of the formats, straight from the spec, in double.
+double ref_half_value(uint16_t h) {
+  int e = (h >> 10) & 31, m = h & 1023;
+  double v = e == 0 ? std::ldexp(m, -24) : e == 31 ? (m ? NAN : INFINITY) : std::ldexp(1024 + m, e - 25);
+  return (h & 0x8000) ? -v : v;
+}
+double ref_bf16_value(uint16_t b) {
+  uint32_t u = uint32_t(b) << 16;
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
+
+// Nearest representable code (ties to even) by binary search over the positive codes.
+uint16_t ref_narrow(float f, double (*value)(uint16_t), uint16_t max_finite, uint16_t inf) {
+  if (std::isnan(f)) return 0xffff;  // caller checks NaN-ness only
+  uint16_t sign = std::signbit(f) ? 0x8000 : 0;
+  double a = std::fabs(static_cast<double>(f));
+  double top = value(max_finite), half_ulp = (top - value(max_finite - 1)) / 2;
+  if (a >= top + half_ulp) return sign | inf;
+  uint16_t lo = 0, hi = max_finite;  // largest code with value <= a
+  while (lo < hi) {
+    uint16_t mid = static_cast<uint16_t>((lo + hi + 1) / 2);
+    if (value(mid) <= a) lo = mid; else hi = mid - 1;
+  }
+  if (lo == max_finite) return sign | lo;
+  double dl = a - value(lo), dh = value(lo + 1) - a;
+  uint16_t r = dl < dh ? lo : dh < dl ? lo + 1 : ((lo & 1) ? lo + 1 : lo);
+  return sign | r;
+}
+
+void test_half_conversions() {
+  for (uint32_t h = 0; h < 65536; ++h) {  // widening: every code, exactly
+    double want = ref_half_value(static_cast<uint16_t>(h));
+    float got = half_to_float(static_cast<uint16_t>(h));
+    if (std::isnan(want)) {
+      CHECK(std::isnan(got) && std::isnan(half_to_float(float_to_half(got))));
+    } else {
+      CHECK(static_cast<double>(got) == want && std::signbit(got) == std::signbit(want));
+      CHECK(float_to_half(got) == h);  // round trip
+    }
+    double bw = ref_bf16_value(static_cast<uint16_t>(h));
+    if (!std::isnan(bw)) CHECK(float_to_bfloat16(bfloat16_to_float(h)) == h);
+  }
+  struct Known { float f; uint16_t h; };
+  const Known known[] = {
+      {1.0f, 0x3c00}, {-2.0f, 0xc000}, {65504.0f, 0x7bff}, {65519.0f, 0x7bff}, {65520.0f, 0x7c00},
+      {1e6f, 0x7c00}, {-INFINITY, 0xfc00}, {0x1p-24f, 0x0001}, {0x1p-25f, 0x0000},
+      {0x1.8p-25f, 0x0001}, {0x1.8p-24f, 0x0002}, {0x1p-14f, 0x0400}, {0x1.ffcp-15f, 0x0400},
+      {1.0f + 0x1p-11f, 0x3c00}, {1.0f + 0x3p-11f, 0x3c02}, {-0.0f, 0x8000}, {0.1f, 0x2e66}};
+  for (const Known& k : known) CHECK(float_to_half(k.f) == k.h);
+  CHECK(std::isnan(half_to_float(float_to_half(NAN))));
+  CHECK(float_to_bfloat16(1.0f) == 0x3f80 && float_to_bfloat16(1.0f + 0x1p-8f) == 0x3f80);
+  CHECK(float_to_bfloat16(1.0f + 0x3p-8f) == 0x3f82 && float_to_bfloat16(-INFINITY) == 0xff80);
+  CHECK(float_to_bfloat16(3.3895314e38f) == 0x7f80);  // above max bf16 + half ulp: inf
+  CHECK(std::isnan(bfloat16_to_float(float_to_bfloat16(NAN))));
+  CHECK(float_to_bfloat16(0x1p-130f) == 0x0002);  // subnormal float -> subnormal bf16
+
+  std::mt19937 rng(1234);
+  for (int i = 0; i < 300000; ++i) {
+    float f;
+    if (i % 3 == 0) {
+      uint32_t u = rng();
+      memcpy(&f, &u, 4);
+    } else if (i % 3 == 1) {
+      f = std::ldexp(static_cast<float>(rng() % (1 << 24)), static_cast<int>(rng() % 45) - 50);
+    } else {  // exact ties between two half codes
+      uint16_t c = static_cast<uint16_t>(rng() % 0x7bff);
+      f = static_cast<float>((ref_half_value(c) + ref_half_value(c + 1)) / 2);
+    }
+    uint16_t h = float_to_half(f), rh = ref_narrow(f, ref_half_value, 0x7bff, 0x7c00);
+    uint16_t b = float_to_bfloat16(f), rb = ref_narrow(f, ref_bf16_value, 0x7f7f, 0x7f80);
+    if (std::isnan(f)) {
+      CHECK(std::isnan(half_to_float(h)) && std::isnan(bfloat16_to_float(b)));
+    } else {
+      if (h != rh) throw Failure("float_to_half(" + std::to_string(f) + ") = " + std::to_string(h) + ", want " + std::to_string(rh));
+      CHECK(b == rb);
+    }
+  }
+}
+
+// ---- reduction kernels --------------------------------------------------------------------------
+
+const DataType kAllTypes[] = {DataType::kUInt8,   DataType::kInt8,     DataType::kInt16,
+                              DataType::kInt32,   DataType::kInt64,    DataType::kFloat16,
+                              DataType::kBFloat16, DataType::kFloat32, DataType::kFloat64,
+                              DataType::kBool};
+const ReduceOp kAllOps[] = {ReduceOp::kSum, ReduceOp::kAverage, ReduceOp::kMin, ReduceOp::kMax,
+                            ReduceOp::kProduct};
+
+template <class T>
+T ref_op(ReduceOp op, T a, T b) {
+  if constexpr (std::is_integral_v<T>) {
+    if (op == ReduceOp::kSum || op == ReduceOp::kAverage) return T(uint64_t(a) + uint64_t(b));
+    if (op == ReduceOp::kProduct) return T(uint64_t(a) * uint64_t(b));
+  } else {
+    if (op == ReduceOp::kSum || op == ReduceOp::kAverage) return a + b;
+    if (op == ReduceOp::kProduct) return a * b;
+  }
+  return op == ReduceOp::kMin ? std::min(a, b) : std::max(a, b);
+}
+
+template <class T>
+void typed_ref(ReduceOp op, const uint8_t* a, const uint8_t* b, uint8_t* out) {
+  T x, y;
+  memcpy(&x, a, sizeof(T));
+  memcpy(&y, b, sizeof(T));
+  T r = ref_op(op, x, y);
+  memcpy(out, &r, sizeof(T));
+}
+
+void ref_elem(DataType t, ReduceOp op, const uint8_t* a, const uint8_t* b, uint8_t* out) {
+  uint16_t ha, hb, hr;
+  switch (t) {
+    case DataType::kUInt8: return typed_ref<uint8_t>(op, a, b, out);
+    case DataType::kInt8: return typed_ref<int8_t>(op, a, b, out);
+    case DataType::kInt16: return typed_ref<int16_t>(op, a, b, out);
+    case DataType::kInt32: return typed_ref<int32_t>(op, a, b, out);
+    case DataType::kInt64: return typed_ref<int64_t>(op, a, b, out);
+    case DataType::kFloat32: return typed_ref<float>(op, a, b, out);
+    case DataType::kFloat64: return typed_ref<double>(op, a, b, out);
+    case DataType::kFloat16:
+    case DataType::kBFloat16: {
+      bool h = t == DataType::kFloat16;
+      memcpy(&ha, a, 2);
+      memcpy(&hb, b, 2);
+      float x = h ? half_to_float(ha) : bfloat16_to_float(ha);
+      float y = h ? half_to_float(hb) : bfloat16_to_float(hb);
+      float r = ref_op(op, x, y);
+      hr = h ? float_to_half(r) : float_to_bfloat16(r);
+      memcpy(out, &hr, 2);
+      return;
+    }
+    case DataType::kBool: {
+      bool x = *a != 0, y = *b != 0;
+      bool any = op == ReduceOp::kSum || op == ReduceOp::kAverage || op == ReduceOp::kMax;
+      *out = any ? (x || y) : (x && y);
+      return;
+    }
+  }
+}
+
+void random_elem(DataType t, std::mt19937& rng, uint8_t* out) {
+  auto put = [&](auto v) { memcpy(out, &v, sizeof(v)); };
+  float f = std::ldexp(static_cast<float>(static_cast<int>(rng() % 20001) - 10000), -6);
+  switch (t) {
+    case DataType::kFloat16: put(float_to_half(rng() % 50 == 0 ? f * 0x1p-20f : f)); break;
+    case DataType::kBFloat16: put(float_to_bfloat16(f)); break;
+    case DataType::kFloat32: put(f * 1.37f); break;
+    case DataType::kFloat64: put(static_cast<double>(f) * 1.37); break;
+    case DataType::kBool: put(static_cast<uint8_t>(rng() % 3)); break;  // 2: non-canonical true
+    default: {
+      uint64_t v = (uint64_t(rng()) << 32) | rng();
+      if (rng() % 2) v = static_cast<uint64_t>(static_cast<int64_t>(rng() % 200) - 100);
+      memcpy(out, &v, dtype_size(t));  // little endian: low bytes
+    }
+  }
+}
+
+void test_kernels() {
+  std::mt19937 rng(99);
+  for (DataType t : kAllTypes) {
+    const size_t es = dtype_size(t);
+    for (size_t n : {1, 3, 17, 255, 256, 257, 1000, 4099}) {
+      std::vector<uint8_t> a(n * es), b(n * es), want(n * es);
+      for (size_t i = 0; i < n; ++i) random_elem(t, rng, &a[i * es]), random_elem(t, rng, &b[i * es]);
+      for (ReduceOp op : kAllOps) {
+        for (size_t i = 0; i < n; ++i) ref_elem(t, op, &a[i * es], &b[i * es], &want[i * es]);
+        std::string what = std::string(dtype_name(t)) + " " + reduce_op_name(op) + " n=" + std::to_string(n);
+        std::vector<uint8_t> d = a;
+        reduce_into(d.data(), b.data(), n, t, op);
+        if (d != want) throw Failure("reduce_into " + what);
+        std::vector<uint8_t> o(n * es);
+        reduce_out(o.data(), a.data(), b.data(), n, t, op);
+        if (o != want) throw Failure("reduce_out " + what);
+        std::vector<uint8_t> aa = a, bb = b;
+        reduce_out(aa.data(), aa.data(), b.data(), n, t, op);  // dst aliases a
+        reduce_out(bb.data(), a.data(), bb.data(), n, t, op);  // dst aliases b
+        if (aa != want || bb != want) throw Failure("reduce_out aliased " + what);
+      }
+      // scale_buffer: ints truncate toward zero, floats in double, halves in float.
+      const bool is_float = t == DataType::kFloat16 || t == DataType::kBFloat16 ||
+                            t == DataType::kFloat32 || t == DataType::kFloat64;
+      for (double k : {0.5, 1.0 / 3.0, -2.0}) {
+        if (k < 0 && !is_float) continue;  // keep integer results in range (no UB to compare)
+        std::vector<uint8_t> s = a, w = a;
+        scale_buffer(s.data(), n, t, k);
+        for (size_t i = 0; i < n; ++i) {
+          uint8_t* p = &w[i * es];
+          auto scale = [&](auto v) { v = static_cast<decltype(v)>(static_cast<double>(v) * k); memcpy(p, &v, sizeof(v)); };
+          uint16_t h;
+          switch (t) {
+            case DataType::kUInt8: scale(p[0]); break;
+            case DataType::kInt8: scale(static_cast<int8_t>(p[0])); break;
+            case DataType::kInt16: { int16_t v; memcpy(&v, p, 2); scale(v); break; }
+            case DataType::kInt32: { int32_t v; memcpy(&v, p, 4); scale(v); break; }
+            case DataType::kInt64: { int64_t v; memcpy(&v, p, 8); scale(v); break; }
+            case DataType::kFloat32: { float v; memcpy(&v, p, 4); scale(v); break; }
+            case DataType::kFloat64: { double v; memcpy(&v, p, 8); scale(v); break; }
+            case DataType::kFloat16: memcpy(&h, p, 2); h = float_to_half(half_to_float(h) * float(k)); memcpy(p, &h, 2); break;
+            case DataType::kBFloat16: memcpy(&h, p, 2); h = float_to_bfloat16(bfloat16_to_float(h) * float(k)); memcpy(p, &h, 2); break;
+            case DataType::kBool: break;
+          }
+        }
+        if (s != w) throw Failure(std::string("scale_buffer ") + dtype_name(t));
+      }
+    }
+  }
+  bool threw = false;
+  try {
+    float x = 0;
+    reduce_into(&x, &x, 1, DataType::kFloat32, ReduceOp::kAdasum);
+  } catch (const OpMismatchError&) {
+    threw = true;
+  }
+  CHECK(threw);
+}
+
+void bench_kernels() {
+  const size_t n = 8 << 20;
+  std::vector<float> a(n, 1.0f), b(n, 2.0f);
+  std::vector<uint16_t> ha(n, 0x3c00), hb(n, 0x4000);
+  auto time = [](auto fn) { fn(); auto t = Clock::now(); for (int i = 0; i < 5; ++i) fn(); return seconds_since(t) / 5; };
+  double f32 = time([&] { reduce_into(a.data(), b.data(), n, DataType::kFloat32, ReduceOp::kSum); });
+  double f16 = time([&] { reduce_into(ha.data(), hb.data(), n, DataType::kFloat16, ReduceOp::kSum); });
+  double b16 = time([&] { reduce_into(ha.data(), hb.data(), n, DataType::kBFloat16, ReduceOp::kSum); });
+  std::printf("kernel: float32 sum %.2f Gelem/s, float16 sum %.2f Gelem/s, bfloat16 sum %.2f Gelem/s\n",
+              n / f32 / 1e9, n / f16 / 1e9, n / b16 / 1e9);
+}
+
+}  // namespace
+
+// ---- multi-process harness ----------------------------------------------------------------------
+namespace {
+
+const char* kSecret = "correct horse battery staple";
+
+struct World {
+  int n;
+  std::vector<std::string> host_ids;
+  bool shm = true;
+  std::string secret = kSecret;
+  double timeout = 20.0;
+  std::vector<std::unique_ptr<Endpoint>> eps;
+
+  World(int n_, std::vector<std::string> hosts, bool use_shm) : n(n_), host_ids(std::move(hosts)), shm(use_shm) {
+    for (int r = 0; r < n; ++r) eps.emplace_back(new Endpoint("127.0.0.1"));
+  }
+  MeshOptions options(int rank) const {
+    MeshOptions o;
+    o.rank = rank;
+    o.size = n;
+    for (int r = 0; r < n; ++r) o.peers.push_back({"127.0.0.1", eps[r]->port(), host_ids[r]});
+    o.secret = secret;
+    o.job_id = g_job;
+    o.use_shared_memory = shm;
+    o.timeout_seconds = timeout;
+    return o;
+  }
+  Mesh build(int rank) { return build_mesh(*eps[rank], options(rank)); }
+};
+
+// Forks one child per rank running body(rank); a child passes by returning. `parent` runs in
+// the parent meanwhile; it may kill children, then set pids[r] = 0 once it reaped one itself,
+// or pids[r] = -pid to have it reaped only after every other rank finished (a zombie until
+// then). Returns each child's wait status.
+std::vector<int> fork_ranks(World& w, const std::function<void(int)>& body,
+                            const std::function<void(std::vector<pid_t>&)>& parent = nullptr,
+                            double limit_s = 60) {
+  std::vector<pid_t> pids;
+  std::fflush(stdout);
+  std::fflush(stderr);
+  for (int r = 0; r < w.n; ++r) {
+    pid_t pid = fork();
+    if (pid == 0) {
+      for (int q = 0; q < w.n; ++q) if (q != r) w.eps[q].reset();  // only my listening socket
+      int code = 0;
+      try {
+        body(r);
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "rank %d: %s\n", r, e.what());
+        code = 1;
+      }
+      std::fflush(stdout);
+      std::fflush(stderr);
+      _exit(code);
+    }
+    pids.push_back(pid);
+  }
+  if (parent) parent(pids);
+  std::vector<int> status(w.n, -1);
+  auto t0 = Clock::now();
+  for (int left = w.n; left > 0;) {
+    int others = 0;
+    for (int r = 0; r < w.n; ++r) others += status[r] == -1 && pids[r] > 0;
+    for (int r = 0; r < w.n; ++r) {
+      if (status[r] != -1) continue;
+      if (pids[r] == 0) {
+        status[r] = 0, --left;
+        continue;
+      }
+      if (pids[r] < 0 && others > 0) continue;
+      int st;
+      if (waitpid(std::abs(pids[r]), &st, WNOHANG) == std::abs(pids[r])) status[r] = st, --left;
+    }
+    if (left > 0 && seconds_since(t0) > limit_s) {
+      for (int r = 0; r < w.n; ++r) {
+        if (status[r] == -1 && pids[r] != 0) kill(std::abs(pids[r]), SIGKILL), waitpid(std::abs(pids[r]), &status[r], 0);
+      }
+      throw Failure("ranks did not finish within " + std::to_string(limit_s) + " s");
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  return status;
+}
+
+void expect_all_ok(const std::vector<int>& status) {
+  for (size_t r = 0; r < status.size(); ++r) {
+    if (!(WIFEXITED(status[r]) && WEXITSTATUS(status[r]) == 0)) {
+      throw Failure("rank " + std::to_string(r) + " failed (status " + std::to_string(status[r]) + ")");
+    }
+  }
+}
+
+uint64_t mix(uint64_t x) {  // splitmix64
+  x += 0x9e3779b97f4a7c15ULL;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
+void fill(uint8_t* p, size_t n, uint64_t seed) {
+  for (size_t i = 0; i < n; i += 8) {
+    uint64_t v = mix(seed * 1000003 + i);
+    memcpy(p + i, &v, std::min<size_t>(8, n - i));
+  }
+}
+bool verify(const uint8_t* p, size_t n, uint64_t seed) {
+  uint8_t chunk[4096];
+  for (size_t off = 0; off < n; off += sizeof(chunk)) {
+    size_t m = std::min(sizeof(chunk), n - off);
+    for (size_t i = 0; i < m; i += 8) {
+      uint64_t v = mix(seed * 1000003 + off + i);
+      memcpy(chunk + i, &v, std::min<size_t>(8, m - i));
+    }
+    if (memcmp(p + off, chunk, m) != 0) return false;
+  }
+  return true;
+}
+
+// Each rank sends to its right neighbour while receiving from its left, for many sizes.
+void ring_exchange(World& w, bool expect_shm_all, bool print_rate, const char* label) {
+  auto body = [&](int r) {
+    Mesh m = w.build(r);
+    int right = (r + 1) % w.n, left = (r + w.n - 1) % w.n;
+    for (int q = 0; q < w.n; ++q) {
+      if (q == r) { CHECK(!m.data[q]); continue; }
+      CHECK(m.data[q]);
+      bool same = w.shm && w.host_ids[q] == w.host_ids[r];
+      CHECK(m.data[q]->is_shared_memory() == same);
+      CHECK(m.data[q]->peer_rank() == q);
+    }
+    if (expect_shm_all) CHECK(m.data[right]->is_shared_memory());
+    // Control links: every worker to rank 0, over TCP.
+    if (r == 0) {
+      for (int q = 1; q < w.n; ++q) {
+        uint32_t v = 0;
+        m.control[q]->recv(&v, 4);
+        CHECK(v == 1000u + q && !m.control[q]->is_shared_memory());
+      }
+    } else {
+      uint32_t v = 1000u + r;
+      CHECK(m.control[0] && !m.control[0]->is_shared_memory());
+      m.control[0]->send(&v, 4);
+    }
+    const size_t max = 64u << 20;
+    std::vector<uint8_t> sbuf(max), rbuf(max);
+    for (size_t n : {size_t(0), size_t(1), size_t(7), size_t(4096), size_t(65537), size_t(1) << 20,
+                     (size_t(4) << 20) + 1, size_t(16) << 20, max}) {
+      fill(sbuf.data(), n, r * 7919 + n);
+      send_recv(m.data[right].get(), sbuf.data(), n, m.data[left].get(), rbuf.data(), n);
+      if (!verify(rbuf.data(), n, left * 7919 + n)) throw Failure("corrupt data, size " + std::to_string(n));
+    }
+    // Blocking send/recv in a chain 0 -> 1 -> ... (exercises Link::send/recv).
+    uint64_t token = 0;
+    if (r > 0) m.data[left]->recv(&token, 8);
+    token += r;
+    if (r < w.n - 1) m.data[right]->send(&token, 8);
+    if (r == w.n - 1) CHECK(token == uint64_t(w.n) * (w.n - 1) / 2);
+    if (print_rate) {
+      const size_t n = 16u << 20;
+      const int iters = 8;
+      send_recv(m.data[right].get(), sbuf.data(), n, m.data[left].get(), rbuf.data(), n);
+      auto t0 = Clock::now();
+      for (int i = 0; i < iters; ++i) {
+        send_recv(m.data[right].get(), sbuf.data(), n, m.data[left].get(), rbuf.data(), n);
+      }
+      double s = seconds_since(t0);
+      if (r == 0) {
+        std::printf("throughput: %s, 16 MiB send_recv: %.2f GB/s per rank per direction\n", label,
+                    n * double(iters) / s / 1e9);
+      }
+    }
+  };
+  expect_all_ok(fork_ranks(w, body));
+}
+
+void test_rogue_clients() {
+  World w(3, {"h", "h", "h"}, true);
+  const int target_port = w.eps[0]->port();
+  auto connect_to = [&] {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in sa{};
+    sa.sin_family = AF_INET;
+    sa.sin_port = htons(target_port);
+    inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
+    if (connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)) != 0) throw Failure("rogue connect failed");
+    timeval tv{5, 0};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    return fd;
+  };
+  pid_t rogue = -1;
+  auto body = [&](int r) {
+    if (r == 2) std::this_thread::sleep_for(std::chrono::milliseconds(300));  // keep rank 0 accepting
+    auto t0 = Clock::now();
+    Mesh m = w.build(r);
+    if (r == 0) CHECK(seconds_since(t0) < 1.5);  // a stalled stranger did not hold us up
+    uint8_t x = static_cast<uint8_t>(r), y = 0;
+    int right = (r + 1) % 3, left = (r + 2) % 3;
+    send_recv(m.data[right].get(), &x, 1, m.data[left].get(), &y, 1);
+    CHECK(y == left);
+  };
+  auto parent = [&](std::vector<pid_t>&) {
+    rogue = fork();
+    if (rogue != 0) return;
+    // A client that knows the protocol but not the secret, one that stalls, one that babbles.
+    int good_format = connect_to(), stalled = connect_to(), garbage = connect_to();
+    uint8_t nonce[32], hello[73] = {};
+    bool ok = recv(good_format, nonce, 32, MSG_WAITALL) == 32;
+    hello[0] = 1;  // claims to be rank 1, data purpose, with an HMAC under the wrong secret
+    hello[8] = 1;
+    Digest mac = hmac_sha256("wrong secret", hello, 41);
+    memcpy(hello + 41, mac.data(), 32);
+    ok = ok && send(good_format, hello, 73, MSG_NOSIGNAL) == 73;
+    uint8_t reply[32];
+    ok = ok && recv(good_format, reply, 32, MSG_WAITALL) <= 0;  // closed, no reply
+    std::vector<uint8_t> junk(1000, 0x5a);
+    send(garbage, junk.data(), junk.size(), MSG_NOSIGNAL);
+    std::this_thread::sleep_for(std::chrono::milliseconds(2500));
+    close(stalled);
+    close(garbage);
+    close(good_format);
+    _exit(ok ? 0 : 3);
+  };
+  expect_all_ok(fork_ranks(w, body, parent));
+  int st = 0;
+  waitpid(rogue, &st, 0);
+  if (!(WIFEXITED(st) && WEXITSTATUS(st) == 0)) throw Failure("the wrong-secret client was not rejected");
+}
+
+void test_wrong_secret_rank() {
+  World w(2, {"a", "b"}, false);
+  w.timeout = 2.0;
+  auto body = [&](int r) {
+    MeshOptions o = w.options(r);
+    if (r == 1) o.secret = "not the job secret";
+    try {
+      build_mesh(*w.eps[r], o);
+    } catch (const PeerLostError& e) {
+      std::string msg = e.what();
+      CHECK(msg.find("timed out after 2 s waiting for ranks [") != std::string::npos);
+      CHECK(msg.find(r == 0 ? "[1]" : "[0]") != std::string::npos);
+      return;
+    }
+    throw Failure("mesh built with a wrong secret");
+  };
+  expect_all_ok(fork_ranks(w, body, nullptr, 20));
+}
+
+// Rank 2 is SIGKILLed once every mesh is up; ranks 0 and 1, blocked receiving from it, must get
+// PeerLostError quickly. With `reap` false the victim stays a zombie (its parent has not waited
+// yet), which the shared-memory liveness check must still see as dead.
+void test_peer_killed(bool shm, bool reap) {
+  World w(3, shm ? std::vector<std::string>{"h", "h", "h"} : std::vector<std::string>{"a", "b", "c"}, shm);
+  int ready[2];
+  CHECK(pipe(ready) == 0);
+  auto body = [&](int r) {
+    Mesh m = w.build(r);
+    CHECK(m.data[(r + 1) % 3]->is_shared_memory() == shm);
+    char c = 'r';
+    CHECK(write(ready[1], &c, 1) == 1);
+    if (r == 2) {
+      for (;;) pause();
+    }
+    std::vector<uint8_t> buf(1 << 20);
+    auto t0 = Clock::now();
+    try {
+      m.data[2]->recv(buf.data(), buf.size());
+    } catch (const PeerLostError& e) {
+      CHECK(seconds_since(t0) < 5.0);
+      CHECK(std::string(e.what()).find("rank 2") != std::string::npos);
+      return;
+    }
+    throw Failure("recv from a killed rank returned");
+  };
+  auto parent = [&](std::vector<pid_t>& pids) {
+    char c;
+    for (int i = 0; i < 3; ++i) if (read(ready[0], &c, 1) != 1) return;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));  // let them block in recv
+    kill(pids[2], SIGKILL);
+    if (reap) {
+      int st;
+      waitpid(pids[2], &st, 0);
+      pids[2] = 0;
+    } else {
+      pids[2] = -pids[2];  // stays a zombie while ranks 0 and 1 wait on it
+    }
+  };
+  std::vector<int> st = fork_ranks(w, body, parent, 30);
+  close(ready[0]);
+  close(ready[1]);
+  st.resize(2);
+  expect_all_ok(st);
+}
+
+// A peer that sends its last bytes and exits normally is read to the end, then reported.
+void test_peer_closed_shm() {
+  World w(2, {"h", "h"}, true);
+  auto body = [&](int r) {
+    Mesh m = w.build(r);
+    CHECK(m.data[1 - r]->is_shared_memory());
+    std::vector<uint8_t> buf(100000);
+    if (r == 1) {
+      fill(buf.data(), buf.size(), 5);
+      m.data[0]->send(buf.data(), buf.size());
+      return;  // mesh destroyed: the pipe is marked closed
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    m.data[1]->recv(buf.data(), buf.size());
+    CHECK(verify(buf.data(), buf.size(), 5));
+    try {
+      m.data[1]->recv(buf.data(), 1);
+    } catch (const PeerLostError& e) {
+      CHECK(std::string(e.what()).find("rank 1") != std::string::npos);
+      return;
+    }
+    throw Failure("recv after the peer closed returned");
+  };
+  expect_all_ok(fork_ranks(w, body));
+}
+
+void test_mesh_timeout() {
+  World w(2, {"a", "b"}, false);  // rank 1's endpoint listens but nobody runs it
+  w.timeout = 1.0;
+  auto t0 = Clock::now();
+  try {
+    w.build(0);
+  } catch (const PeerLostError& e) {
+    double s = seconds_since(t0);
+    CHECK(s >= 0.9 && s < 3.0);
+    CHECK(std::string(e.what()).find("timed out after 1 s waiting for ranks [1] to connect") != std::string::npos);
+    return;
+  }
+  throw Failure("build_mesh did not time out");
+}
+
+// Raising the global abort flag releases a rank blocked on a healthy link (threads, one process).
+void test_abort(bool shm) {
+  World w(2, {"h", "h"}, shm);
+  Mesh meshes[2];
+  std::thread t1([&] { meshes[1] = w.build(1); });
+  meshes[0] = w.build(0);
+  t1.join();
+  CHECK(meshes[0].data[1]->is_shared_memory() == shm);
+  std::string error;
+  auto t0 = Clock::now();
+  std::thread blocked([&] {
+    uint8_t b[16];
+    try {
+      meshes[0].data[1]->recv(b, sizeof(b));
+    } catch (const PeerLostError& e) {
+      error = e.what();
+    }
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  global_abort().raise("job aborted by test");
+  blocked.join();
+  global_abort().reset();
+  CHECK(error == "job aborted by test");
+  CHECK(seconds_since(t0) < 1.0);
+}
+
+void test_no_leftover_segments() {
+  DIR* d = opendir("/dev/shm");
+  if (!d) return;
+  std::string prefix = "shvd-" + g_job + "-";
+  int found = 0;
+  while (dirent* e = readdir(d)) found += strncmp(e->d_name, prefix.c_str(), prefix.size()) == 0;
+  closedir(d);
+  CHECK(found == 0);
+}
+
+}  // namespace
+
+int main() {
+  signal(SIGPIPE, SIG_IGN);
+  g_job = "test" + std::to_string(getpid());
+  run_test("sha256 vectors", test_sha256);
+  run_test("hmac-sha256 RFC 4231 vectors", test_hmac);
+  run_test("float16/bfloat16 conversions", test_half_conversions);
+  run_test("reduce kernels: every dtype x op", test_kernels);
+  run_test("kernel throughput", bench_kernels);
+  run_test("ring exchange, 2 ranks, shared memory", [] {
+    World w(2, {"h", "h"}, true);
+    ring_exchange(w, true, true, "shm pipe, 2 ranks");
+  });
+  run_test("ring exchange, 3 ranks, shared memory", [] {
+    World w(3, {"h", "h", "h"}, true);
+    ring_exchange(w, true, true, "shm pipe ring, 3 ranks");
+  });
+  run_test("ring exchange, 2 ranks, tcp", [] {
+    World w(2, {"a", "b"}, true);
+    ring_exchange(w, false, true, "tcp, 2 ranks");
+  });
+  run_test("ring exchange, 3 ranks, tcp", [] {
+    World w(3, {"a", "b", "c"}, true);
+    ring_exchange(w, false, true, "tcp ring, 3 ranks");
+  });
+  run_test("ring exchange, 3 ranks, shm disabled", [] {
+    World w(3, {"h", "h", "h"}, false);
+    ring_exchange(w, false, false, "");
+  });
+  run_test("ring exchange, 3 ranks, mixed shm + tcp", [] {
+    World w(3, {"h", "h", "other"}, true);
+    ring_exchange(w, false, false, "");
+  });
+  run_test("strangers rejected, mesh completes", test_rogue_clients);
+  run_test("rank with a wrong secret fails the mesh", test_wrong_secret_rank);
+  run_test("mesh timeout names missing ranks", test_mesh_timeout);
+  run_test("killed peer detected (shm, zombie)", [] { test_peer_killed(true, false); });
+  run_test("killed peer detected (shm, reaped)", [] { test_peer_killed(true, true); });
+  run_test("killed peer detected (tcp)", [] { test_peer_killed(false, true); });
+  run_test("closed shm peer read to the end", test_peer_closed_shm);
+  run_test("abort releases a blocked recv (shm)", [] { test_abort(true); });
+  run_test("abort releases a blocked recv (tcp)", [] { test_abort(false); });
+  run_test("no shared-memory segments left behind", test_no_leftover_segments);
+  std::printf("%d passed, %d failed\n", g_passed, g_failed);
+  return g_failed == 0 ? 0 : 1;
+}

@@ -1,0 +1,186 @@
+"""Shared helpers for the tests that run real jobs through the real launcher.
+
+A test starts ``python -m spark_hvd.runner -np N [-H ...] python tests/workers/<script>.py``,
+waits for it (with a timeout that also kills every process the job started), and checks the
+per-rank markers the worker prints (``OK rank=R ...``). Worker scripts run many checks per
+launch and report every failure, so one launch covers a whole op x dtype x shape matrix.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+WORKERS = Path(__file__).resolve().parent / "workers"
+PY = sys.executable
+
+# Transports a job can be run over:
+#   shm   - every rank on localhost, same-host pairs over shared memory (the default)
+#   tcp   - every rank on localhost, shared memory disabled
+#   hosts - ranks spread over two simulated hosts (127.0.0.1 and 127.0.0.2): TCP between the
+#           "hosts", shared memory inside one
+TRANSPORTS = ("shm", "tcp", "hosts")
+
+
+def hosts_for(transport: str, np_: int) -> str:
+    """The -H argument that gives ``np_`` ranks over ``transport``."""
+    if transport == "hosts":
+        first = (np_ + 1) // 2
+        return f"127.0.0.1:{first},127.0.0.2:{np_ - first}"
+    return f"localhost:{np_}"
+
+
+def transport_env(transport: str) -> dict[str, str]:
+    return {"SPARK_HVD_SHM_DISABLE": "1"} if transport == "tcp" else {}
+
+
+# Environment variables of the developer's shell that would change what a job does.
+_SCRUB_PREFIXES = ("SPARK_HVD_", "HOROVOD_", "OMPI_COMM_WORLD_")
+
+
+def job_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(_SCRUB_PREFIXES)}
+    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+    env["PYTHONUNBUFFERED"] = "1"
+    env.setdefault("SPARK_HVD_START_TIMEOUT", "30")
+    for k, v in (extra or {}).items():
+        if v is None:
+            env.pop(k, None)
+        else:
+            env[k] = str(v)
+    return env
+
+
+@dataclass
+class JobResult:
+    """A finished launcher run."""
+    args: list[str]
+    returncode: int
+    stdout: str
+    stderr: str
+    seconds: float
+
+    def lines(self, rank: int, stream: str = "stdout") -> list[str]:
+        """Lines the launcher forwarded from ``rank``'s ``stream``, prefix removed."""
+        text = self.stdout if stream == "stdout" else self.stderr
+        prefix = f"[{rank}]<{stream}>: "
+        return [line[len(prefix):] for line in text.splitlines() if line.startswith(prefix)]
+
+    def describe(self) -> str:
+        return (f"command: {' '.join(self.args)}\nexit code {self.returncode} after "
+                f"{self.seconds:.1f} s\n--- stdout ---\n{self.stdout[-12000:]}\n"
+                f"--- stderr ---\n{self.stderr[-12000:]}")
+
+    def markers(self, rank: int, word: str = "OK") -> list[str]:
+        """The marker lines ``<word> rank=<rank> ...`` printed by ``rank``."""
+        pat = re.compile(rf"{word} rank={rank}(\s|$)")
+        return [line for line in self.lines(rank) if pat.match(line)]
+
+    def assert_ok(self, np_: int, word: str = "OK", returncode: int | None = 0) -> None:
+        """Every rank printed its success marker (and the launcher exited with
+        ``returncode``, unless None)."""
+        problems = []
+        for r in range(np_):
+            if not self.markers(r, word):
+                problems.append(f"rank {r} printed no '{word} rank={r}' marker")
+        for r in range(np_):
+            problems += [f"rank {r}: {line}" for line in self.lines(r) if line.startswith("FAIL")]
+        if returncode is not None and self.returncode != returncode:
+            problems.append(f"launcher exit code {self.returncode}, expected {returncode}")
+        assert not problems, "\n".join(problems) + "\n" + self.describe()
+
+    def field(self, rank: int, key: str, word: str = "OK") -> str:
+        """``key=value`` from ``rank``'s marker line."""
+        for line in self.markers(rank, word):
+            m = re.search(rf"\b{key}=(\S+)", line)
+            if m:
+                return m.group(1)
+        raise AssertionError(f"rank {rank} reported no {key}=\n{self.describe()}")
+
+
+def _kill_tree(proc: subprocess.Popen) -> None:
+    """Stop the launcher and everything it started (ranks run in their own sessions)."""
+    try:
+        import psutil
+        children = psutil.Process(proc.pid).children(recursive=True)
+    except Exception:
+        children = []
+    try:
+        proc.send_signal(signal.SIGTERM)  # the launcher forwards it to the ranks
+        proc.wait(timeout=3)
+    except Exception:
+        pass
+    for p in [proc] + children:
+        try:
+            os.kill(p.pid, signal.SIGKILL)
+        except (OSError, ProcessLookupError):
+            pass
+    try:
+        proc.wait(timeout=5)
+    except Exception:
+        pass
+
+
+def run_job(np_: int, script: str, *args, env: dict | None = None, timeout: float = 60,
+            hosts: str | None = None, launcher_args: tuple | list = (),
+            transport: str | None = None) -> JobResult:
+    """Run ``tests/workers/<script>.py args`` as an ``np_``-rank job through the launcher.
+
+    ``transport`` ("shm", "tcp", "hosts") picks -H and the environment; ``hosts`` overrides -H.
+    On timeout the whole job is killed and the test fails with the output so far.
+    """
+    extra = dict(env or {})
+    if transport is not None:
+        extra = {**transport_env(transport), **extra}
+        hosts = hosts or hosts_for(transport, np_)
+    cmd = [PY, "-m", "spark_hvd.runner", "-np", str(np_)]
+    if hosts:
+        cmd += ["-H", hosts]
+    cmd += [str(a) for a in launcher_args]
+    script_path = WORKERS / (script if script.endswith(".py") else script + ".py")
+    cmd += [PY, str(script_path), *[str(a) for a in args]]
+    start = time.monotonic()
+    proc = subprocess.Popen(cmd, cwd=REPO, env=job_env(extra), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        _kill_tree(proc)
+        out, err = proc.communicate()
+        result = JobResult(cmd, proc.returncode, out, err, time.monotonic() - start)
+        pytest.fail(f"job did not finish within {timeout} s\n{result.describe()}")
+    return JobResult(cmd, proc.returncode, out, err, time.monotonic() - start)
+
+
+def alive_pids(pids, timeout: float = 10.0) -> list[int]:
+    """The pids among ``pids`` still alive (not zombies) after waiting up to ``timeout``."""
+    import psutil
+    deadline = time.monotonic() + timeout
+    alive = list(pids)
+    while True:
+        still = []
+        for pid in alive:
+            try:
+                if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                    still.append(pid)
+            except psutil.NoSuchProcess:
+                pass
+        alive = still
+        if not alive or time.monotonic() >= deadline:
+            return alive
+        time.sleep(0.05)
+
+
+@pytest.fixture
+def job():
+    """The :func:`run_job` helper as a fixture."""
+    return run_job

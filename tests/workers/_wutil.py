@@ -1,0 +1,160 @@
+"""Helpers shared by the worker scripts (they run as ranks under spark-hvd-run).
+
+A worker records every failed check instead of stopping at the first, then prints one line per
+failure (``FAIL rank=R ...``) and a final marker: ``OK rank=R checks=N ...`` when all passed.
+The tests look for those markers in the launcher's prefixed output.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sys
+import traceback
+import zlib
+
+import numpy as np
+
+ALL_DTYPES = [np.uint8, np.int8, np.int16, np.int32, np.int64, np.float16, np.float32,
+              np.float64, np.bool_]
+
+
+class Checks:
+    """Collects check results for one rank."""
+
+    def __init__(self, rank: int):
+        self.rank = rank
+        self.count = 0
+        self.failures: list[str] = []
+
+    def check(self, ok, what: str) -> bool:
+        self.count += 1
+        if not ok:
+            self.fail(what)
+        return bool(ok)
+
+    def fail(self, what: str) -> None:
+        self.failures.append(what)
+        if len(self.failures) <= 50:  # keep the output readable when everything breaks
+            print(f"FAIL rank={self.rank} {what}", flush=True)
+
+    def run(self, what: str, fn, *args, **kwargs):
+        """Calls ``fn``; an unexpected exception counts as a failure (returns None)."""
+        self.count += 1
+        try:
+            return fn(*args, **kwargs)
+        except Exception as e:  # noqa: BLE001 - any exception is a finding
+            self.fail(f"{what}: unexpected {type(e).__name__}: {e}\n"
+                      + "".join(traceback.format_exc(limit=4)))
+            return None
+
+    def raises(self, what: str, exc_type, fn, *args, match=(), **kwargs):
+        """``fn`` must raise ``exc_type`` whose message contains every string in ``match``.
+        Returns the exception (or None)."""
+        self.count += 1
+        try:
+            fn(*args, **kwargs)
+        except exc_type as e:
+            msg = str(e)
+            missing = [m for m in ([match] if isinstance(match, str) else match) if m not in msg]
+            if missing:
+                self.fail(f"{what}: message {msg!r} lacks {missing}")
+            return e
+        except Exception as e:  # noqa: BLE001
+            self.fail(f"{what}: expected {exc_type.__name__}, got {type(e).__name__}: {e}")
+            return e
+        self.fail(f"{what}: expected {exc_type.__name__}, nothing was raised")
+        return None
+
+    def finish(self, **fields) -> None:
+        """Prints the final marker and exits (code 1 when a check failed)."""
+        extra = " ".join(f"{k}={v}" for k, v in fields.items())
+        if self.failures:
+            print(f"FAILED rank={self.rank} {len(self.failures)} of {self.count} checks failed",
+                  flush=True)
+            sys.stdout.flush()
+            os._exit(1)
+        print(f"OK rank={self.rank} checks={self.count} {extra}".rstrip(), flush=True)
+
+
+def seed_of(*parts) -> int:
+    return zlib.crc32(repr(parts).encode())
+
+
+def make_input(rank: int, shape, dtype, tag, kind: str = "sum") -> np.ndarray:
+    """Deterministic input of ``rank`` for case ``tag``: every rank can compute every other
+    rank's input to build the reference. Values are chosen so that the reduction ``kind``
+    ("sum", "product", "any") cannot overflow the dtype for up to 4 ranks."""
+    dtype = np.dtype(dtype)
+    rng = np.random.default_rng(seed_of(tag, rank, str(dtype), tuple(shape)))
+    if dtype == np.bool_:
+        return rng.integers(0, 2, size=shape).astype(np.bool_)
+    if kind == "product":
+        if dtype.kind == "f":
+            return rng.uniform(0.5, 1.5, size=shape).astype(dtype)
+        low = 0 if dtype.kind == "u" else -2
+        return rng.integers(low, 3, size=shape).astype(dtype)
+    if dtype.kind == "f":
+        return rng.uniform(-4, 4, size=shape).astype(dtype)
+    if dtype.kind == "u":
+        return rng.integers(0, 50, size=shape).astype(dtype)
+    bound = 25 if dtype.itemsize == 1 else 1000
+    return rng.integers(-bound, bound, size=shape).astype(dtype)
+
+
+def digest(array) -> bytes:
+    a = np.ascontiguousarray(array)
+    return hashlib.sha256(str(a.dtype).encode() + repr(a.shape).encode() + a.tobytes()).digest()
+
+
+def describe_diff(got, want) -> str:
+    got, want = np.asarray(got), np.asarray(want)
+    if got.shape != want.shape:
+        return f"shape {got.shape} != {want.shape}"
+    if got.dtype != want.dtype:
+        return f"dtype {got.dtype} != {want.dtype}"
+    if got.size == 0:
+        return "empty"
+    bad = np.argwhere(~np.isclose(got.astype(np.float64), want.astype(np.float64),
+                                  rtol=1e-6, atol=0)) if got.dtype.kind == "f" else \
+        np.argwhere(got != want)
+    if len(bad) == 0:
+        bad = np.argwhere(got != want)
+    if len(bad) == 0:
+        return "equal"
+    idx = tuple(bad[0])
+    return (f"{len(bad)} of {got.size} elements differ; first at {idx}: got {got[idx]!r} "
+            f"want {want[idx]!r}")
+
+
+def close(got, want, rtol=0.0, atol=0.0) -> bool:
+    got, want = np.asarray(got), np.asarray(want)
+    if got.shape != want.shape or got.dtype != want.dtype:
+        return False
+    if got.dtype.kind != "f" or (rtol == 0 and atol == 0):
+        return bool(np.array_equal(got, want))
+    return bool(np.allclose(got.astype(np.float64), want.astype(np.float64), rtol=rtol,
+                            atol=atol))
+
+
+def tolerance(dtype, nranks: int) -> tuple[float, float]:
+    """(rtol, atol) for comparing a reduction of values in [-4, 4] with a float64 reference."""
+    dtype = np.dtype(dtype)
+    if dtype == np.float16:
+        # Each of the (n - 1) partial sums is rounded to fp16 once (half an ulp at |x| < 16,
+        # 2**-7), plus the final rounding.
+        return 2e-3, nranks * 2.0 ** -7
+    if dtype == np.float32:
+        return 1e-5, 1e-5 * nranks
+    if dtype == np.float64:
+        return 1e-12, 1e-12 * nranks
+    return 0.0, 0.0
+
+
+def write_pid(tag: str = "") -> None:
+    """Records this rank's pid in $PID_DIR (for tests that check nothing is left behind)."""
+    pid_dir = os.environ.get("PID_DIR")
+    if pid_dir:
+        rank = os.environ.get("SPARK_HVD_RANK", "x")
+        with open(os.path.join(pid_dir, f"rank{rank}{tag}.pid"), "w") as f:
+            f.write(str(os.getpid()))

@@ -1,0 +1,473 @@
+"""Every collective x dtype x shape x process set, checked against NumPy references.
+
+Usage: collectives.py [--sets none|static|dynamic] [--large] [--suites a,b,...]
+
+Each rank computes every other rank's (deterministic) input, so it can build the exact or
+tolerance-bounded reference of every result itself. Per process set, the sha256 of every result
+is allgathered at the end to prove results are bitwise identical on all members.
+"""
+
+import argparse
+import sys
+
+import numpy as np
+
+import spark_hvd.numpy as hvd
+from _wutil import ALL_DTYPES, Checks, close, describe_diff, digest, make_input, tolerance
+
+SHAPES = [(0,), (1,), (7,), (3, 5), (2, 3, 4), (1031,), (33, 1025)]
+REDUCE_OPS = {"Sum": hvd.Sum, "Average": hvd.Average, "Min": hvd.Min, "Max": hvd.Max,
+              "Product": hvd.Product}
+
+
+def dname(dtype):
+    return np.dtype(dtype).name
+
+
+# -- references ------------------------------------------------------------------------------
+
+def scale_like_core(x, factor):
+    """The core scales in double and casts back (integers truncate toward zero)."""
+    if factor == 1.0:
+        return x
+    if x.dtype.kind == "f":
+        return (x.astype(np.float64) * factor).astype(x.dtype)
+    return np.trunc(x.astype(np.float64) * factor).astype(x.dtype)
+
+
+def ref_allreduce(inputs, op, pre=1.0, post=1.0):
+    dtype = inputs[0].dtype
+    n = len(inputs)
+    if dtype == np.bool_:
+        stack = np.stack(inputs)
+        if op in ("Sum", "Average", "Max"):
+            return np.any(stack, axis=0)
+        return np.all(stack, axis=0)
+    xs = [scale_like_core(x, pre) for x in inputs]
+    wide = np.float64 if dtype.kind == "f" else np.int64
+    stack = np.stack([x.astype(wide) for x in xs])
+    if op in ("Sum", "Average"):
+        r = stack.sum(axis=0)
+    elif op == "Min":
+        r = stack.min(axis=0)
+    elif op == "Max":
+        r = stack.max(axis=0)
+    else:
+        r = stack.prod(axis=0)
+    factor = post / n if op == "Average" else post
+    if factor != 1.0:
+        r = r.astype(np.float64) * factor
+        if dtype.kind != "f":
+            r = np.trunc(r)
+    return r.astype(dtype)
+
+
+def tol_for(dtype, op, n, pre=1.0, post=1.0):
+    rtol, atol = tolerance(dtype, n)
+    if op in ("Min", "Max") and pre == 1.0 and post == 1.0:
+        return 0.0, 0.0
+    scale = max(1.0, abs(pre) * abs(post))
+    return rtol, atol * scale
+
+
+class Suite:
+    def __init__(self, c, setname, ps, members):
+        self.c = c
+        self.setname = setname
+        self.ps = ps
+        self.members = members
+        self.n = len(members)
+        self.me = members.index(hvd.rank())
+        self.digests = []
+
+    def name(self, *parts):
+        return "/".join([self.setname] + [str(p) for p in parts])
+
+    def inputs(self, shape_of, dtype, tag, kind="sum"):
+        """Every member's input; ``shape_of(i)`` is member i's shape."""
+        return [make_input(g, shape_of(i), dtype, tag, kind) for i, g in enumerate(self.members)]
+
+    def expect(self, what, got, want, rtol=0.0, atol=0.0, same_everywhere=True):
+        """Checks ``got`` against the reference; results that every member must hold
+        identically are remembered for :meth:`verify_identical`."""
+        if got is None:
+            return
+        if same_everywhere:
+            self.digests.append(np.frombuffer(digest(got), dtype=np.uint8))
+        self.c.check(close(got, want, rtol, atol), f"{what}: {describe_diff(got, want)}")
+
+    # -- allreduce ------------------------------------------------------------------------
+
+    def allreduce(self):
+        c, ps = self.c, self.ps
+        for dtype in ALL_DTYPES:
+            pending = []
+            for shape in SHAPES:
+                for opname, op in REDUCE_OPS.items():
+                    if dtype == np.bool_ and opname == "Average":
+                        continue
+                    kind = "product" if opname == "Product" else "sum"
+                    tag = self.name("ar", dname(dtype), shape, opname)
+                    xs = self.inputs(lambda i: shape, dtype, tag, kind)
+                    mine = xs[self.me]
+                    want = ref_allreduce(xs, opname)
+                    rtol, atol = tol_for(np.dtype(dtype), opname, self.n)
+                    before = mine.copy()
+                    got = c.run(tag, hvd.allreduce, mine, name=tag, op=op, process_set=ps)
+                    self.expect(tag, got, want, rtol, atol)
+                    c.check(np.array_equal(mine, before), f"{tag}: input was modified")
+                    # In place.
+                    buf = mine.copy()
+                    res = c.run(tag + "/inplace", hvd.allreduce_, buf, name=tag + "/inplace",
+                                op=op, process_set=ps)
+                    if res is not None:
+                        c.check(res is buf, f"{tag}/inplace: did not return the input array")
+                        self.expect(tag + "/inplace", buf, want, rtol, atol)
+                    # Async: left in flight while the next cases are submitted.
+                    h = c.run(tag + "/async", hvd.allreduce_async, mine, name=tag + "/async",
+                              op=op, process_set=ps)
+                    if h is not None:
+                        pending.append((tag + "/async", h, want, rtol, atol))
+                # Prescale / postscale (Horovod's semantics: input * pre, reduce, * post).
+                if dtype == np.bool_:
+                    continue
+                for opname in ("Sum", "Average"):
+                    if np.dtype(dtype).kind == "f":
+                        pre, post = 0.5, 3.0
+                    else:
+                        pre, post = 2.0, 0.5
+                    tag = self.name("ar", dname(dtype), shape, opname, "scaled")
+                    xs = self.inputs(lambda i: shape, dtype, tag)
+                    want = ref_allreduce(xs, opname, pre, post)
+                    rtol, atol = tol_for(np.dtype(dtype), opname, self.n, pre, post)
+                    got = c.run(tag, hvd.allreduce, xs[self.me], name=tag, op=REDUCE_OPS[opname],
+                                prescale_factor=pre, postscale_factor=post, process_set=ps)
+                    self.expect(tag, got, want, rtol, atol)
+            for tag, h, want, rtol, atol in pending:
+                got = c.run(tag, hvd.synchronize, h)
+                if got is not None:
+                    c.check(hvd.poll(h), f"{tag}: poll() is False after synchronize()")
+                self.expect(tag, got, want, rtol, atol)
+
+    def allreduce_average_default(self):
+        """No op= means Average (Horovod's default); average=True/False is the old spelling."""
+        c = self.c
+        tag = self.name("ar", "default_op")
+        xs = self.inputs(lambda i: (5,), np.float64, tag)
+        want = ref_allreduce(xs, "Average")
+        self.expect(tag, c.run(tag, hvd.allreduce, xs[self.me], name=tag, process_set=self.ps),
+                    want, 1e-12, 1e-12)
+        import warnings
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            got = c.run(tag + "/avg_false", hvd.allreduce, xs[self.me], average=False,
+                        name=tag + "/avg_false", process_set=self.ps)
+        self.expect(tag + "/avg_false", got, ref_allreduce(xs, "Sum"), 1e-12, 1e-12)
+
+    def grouped_allreduce(self):
+        c = self.c
+        shapes = [(3,), (0,), (2, 2), (1,), (1031,)]
+        for dtype in (np.float32, np.int32, np.float16, np.uint8, np.float64):
+            for opname in ("Sum", "Average", "Max"):
+                tag = self.name("grouped", dname(dtype), opname)
+                xss = [self.inputs(lambda i, s=s: s, dtype, f"{tag}/{k}")
+                       for k, s in enumerate(shapes)]
+                mine = [xs[self.me] for xs in xss]
+                wants = [ref_allreduce(xs, opname) for xs in xss]
+                rtol, atol = tol_for(np.dtype(dtype), opname, self.n)
+                got = c.run(tag, hvd.grouped_allreduce, mine, name=tag, op=REDUCE_OPS[opname],
+                            process_set=self.ps)
+                if got is not None:
+                    c.check(len(got) == len(shapes), f"{tag}: {len(got)} results")
+                    for k, (g, w) in enumerate(zip(got, wants)):
+                        self.expect(f"{tag}[{k}]", g, w, rtol, atol)
+                h = c.run(tag + "/async", hvd.grouped_allreduce_async, mine, name=tag + "/async",
+                          op=REDUCE_OPS[opname], process_set=self.ps)
+                got = c.run(tag + "/async", hvd.synchronize, h) if h is not None else None
+                if got is not None:
+                    for k, (g, w) in enumerate(zip(got, wants)):
+                        self.expect(f"{tag}/async[{k}]", g, w, rtol, atol)
+
+    # -- allgather ------------------------------------------------------------------------
+
+    def allgather(self):
+        c = self.c
+        for dtype in ALL_DTYPES:
+            for trailing in ((), (3,), (2, 3)):
+                for variant in range(2):
+                    # Different first dimensions per member, some of them 0.
+                    rows = [(2 * i + variant * 3 + len(trailing)) % 4 for i in range(self.n)]
+                    tag = self.name("ag", dname(dtype), trailing, variant)
+                    xs = self.inputs(lambda i: (rows[i],) + trailing, dtype, tag)
+                    want = np.concatenate(xs, axis=0)
+                    got = c.run(tag, hvd.allgather, xs[self.me], name=tag, process_set=self.ps)
+                    self.expect(tag, got, want)
+            tag = self.name("ag", dname(dtype), "async")
+            xs = self.inputs(lambda i: (i + 1, 2), dtype, tag)
+            h = c.run(tag, hvd.allgather_async, xs[self.me], name=tag, process_set=self.ps)
+            if h is not None:
+                self.expect(tag, c.run(tag, hvd.synchronize, h), np.concatenate(xs))
+        # A 0-d array is gathered as one row per member.
+        tag = self.name("ag", "scalar")
+        got = c.run(tag, hvd.allgather, np.float32(hvd.rank()), name=tag, process_set=self.ps)
+        self.expect(tag, got, np.array(self.members, dtype=np.float32))
+
+    # -- broadcast ------------------------------------------------------------------------
+
+    def broadcast(self):
+        c = self.c
+        for dtype in ALL_DTYPES:
+            for shape in ((0,), (1,), (5,), (2, 3), (2, 1, 3), (4099,)):
+                for root in range(self.n):
+                    tag = self.name("bc", dname(dtype), shape, root)
+                    xs = self.inputs(lambda i: shape, dtype, tag)
+                    mine = xs[self.me]
+                    before = mine.copy()
+                    got = c.run(tag, hvd.broadcast, mine, root, name=tag, process_set=self.ps)
+                    self.expect(tag, got, xs[root])
+                    c.check(np.array_equal(mine, before), f"{tag}: input was modified")
+                    buf = mine.copy()
+                    res = c.run(tag + "/inplace", hvd.broadcast_, buf, root,
+                                name=tag + "/inplace", process_set=self.ps)
+                    if res is not None:
+                        self.expect(tag + "/inplace", buf, xs[root])
+        tag = self.name("bc", "object")
+        obj = {"from": hvd.rank(), "data": list(range(hvd.rank() + 3))}
+        got = c.run(tag, hvd.broadcast_object, obj, root_rank=self.n - 1, name=tag,
+                    process_set=self.ps)
+        last = self.members[-1]
+        c.check(got == {"from": last, "data": list(range(last + 3))}, f"{tag}: got {got!r}")
+        tag = self.name("ag", "object")
+        got = c.run(tag, hvd.allgather_object, ("r", hvd.rank()), name=tag, process_set=self.ps)
+        c.check(got == [("r", g) for g in self.members], f"{tag}: got {got!r}")
+
+    # -- alltoall -------------------------------------------------------------------------
+
+    def alltoall(self):
+        c, n, me = self.c, self.n, self.me
+        for dtype in ALL_DTYPES:
+            for trailing in ((), (3,), (2, 2)):
+                # Even: no splits, the first dimension divides by the set size.
+                tag = self.name("a2a", dname(dtype), trailing, "even")
+                xs = self.inputs(lambda i: (2 * n,) + trailing, dtype, tag)
+                want = np.concatenate([xs[i][2 * me:2 * me + 2] for i in range(n)])
+                res = c.run(tag, hvd.alltoall, xs[me], name=tag, process_set=self.ps)
+                if res is not None:
+                    got, splits = res
+                    self.expect(tag, got, want, same_everywhere=False)
+                    c.check(list(splits) == [2] * n, f"{tag}: received splits {list(splits)}")
+                # Uneven splits, including zeros.
+                for variant in range(2):
+                    tag = self.name("a2a", dname(dtype), trailing, "uneven", variant)
+                    split = [[(i + 2 * j + variant + len(trailing)) % 3 for j in range(n)]
+                             for i in range(n)]
+                    xs = self.inputs(lambda i: (sum(split[i]),) + trailing, dtype, tag)
+                    parts = []
+                    for i in range(n):
+                        off = sum(split[i][:me])
+                        parts.append(xs[i][off:off + split[i][me]])
+                    want = np.concatenate(parts)
+                    res = c.run(tag, hvd.alltoall, xs[me], splits=split[me], name=tag,
+                                process_set=self.ps)
+                    if res is not None:
+                        got, recv = res
+                        self.expect(tag, got, want, same_everywhere=False)
+                        want_recv = [split[i][me] for i in range(n)]
+                        c.check(list(recv) == want_recv,
+                                f"{tag}: received splits {list(recv)}, want {want_recv}")
+            tag = self.name("a2a", dname(dtype), "async")
+            xs = self.inputs(lambda i: (n,), dtype, tag)
+            h = c.run(tag, hvd.alltoall_async, xs[me], splits=[1] * n, name=tag,
+                      process_set=self.ps)
+            res = c.run(tag, hvd.synchronize, h) if h is not None else None
+            if res is not None:
+                self.expect(tag, res[0], np.array([xs[i][me] for i in range(n)], dtype=dtype), same_everywhere=False)
+                c.check(list(res[1]) == [1] * n, f"{tag}: received splits {list(res[1])}")
+
+    # -- reducescatter --------------------------------------------------------------------
+
+    def reducescatter(self):
+        c, n, me = self.c, self.n, self.me
+        for dtype in ALL_DTYPES:
+            if dtype == np.bool_:
+                continue
+            for rows in (1, n, 2 * n + 1, 7, 0):
+                for trailing in ((), (3,), (2, 2)):
+                    for opname in ("Sum", "Average"):
+                        tag = self.name("rs", dname(dtype), rows, trailing, opname)
+                        xs = self.inputs(lambda i: (rows,) + trailing, dtype, tag)
+                        full = ref_allreduce(xs, opname)
+                        # Horovod's rule: the first rows % n members get one row more.
+                        counts = [rows // n + (1 if i < rows % n else 0) for i in range(n)]
+                        start = sum(counts[:me])
+                        want = full[start:start + counts[me]]
+                        rtol, atol = tol_for(np.dtype(dtype), opname, n)
+                        got = c.run(tag, hvd.reducescatter, xs[me], op=REDUCE_OPS[opname],
+                                    name=tag, process_set=self.ps)
+                        self.expect(tag, got, want, rtol, atol, same_everywhere=False)
+            if np.dtype(dtype).kind == "f":
+                tag = self.name("rs", dname(dtype), "scaled")
+                xs = self.inputs(lambda i: (2 * n + 1, 2), dtype, tag)
+                full = ref_allreduce(xs, "Average", 0.5, 3.0)
+                counts = [(2 * n + 1) // n + (1 if i < (2 * n + 1) % n else 0) for i in range(n)]
+                start = sum(counts[:me])
+                rtol, atol = tol_for(np.dtype(dtype), "Average", n, 0.5, 3.0)
+                got = c.run(tag, hvd.reducescatter, xs[me], op=hvd.Average, name=tag,
+                            process_set=self.ps, prescale_factor=0.5, postscale_factor=3.0)
+                self.expect(tag, got, full[start:start + counts[me]], rtol, atol, same_everywhere=False)
+            tag = self.name("rs", dname(dtype), "async")
+            xs = self.inputs(lambda i: (n, 2), dtype, tag)
+            h = c.run(tag, hvd.reducescatter_async, xs[me], op=hvd.Sum, name=tag,
+                      process_set=self.ps)
+            if h is not None:
+                full = ref_allreduce(xs, "Sum")
+                rtol, atol = tol_for(np.dtype(dtype), "Sum", n)
+                self.expect(tag, c.run(tag, hvd.synchronize, h), full[me:me + 1], rtol, atol, same_everywhere=False)
+
+    def barrier(self):
+        for i in range(3):
+            self.c.run(self.name("barrier", i), hvd.barrier, process_set=self.ps)
+
+    # -- large tensors (ring path) ---------------------------------------------------------
+
+    def large(self):
+        c, n, me = self.c, self.n, self.me
+        rng_ints = lambda g, count, dtype, tag: make_input(g, (count,), np.int16, tag).astype(dtype)  # noqa: E731
+        # 8M float32: integer values, so every summation order gives the exact same sum.
+        count = 8 * 2 ** 20 + 3
+        tag = self.name("large", "ar_f32")
+        xs = [rng_ints(g, count, np.float32, tag) for g in self.members]
+        total = np.sum([x.astype(np.float64) for x in xs], axis=0)
+        got = c.run(tag, hvd.allreduce, xs[me], op=hvd.Sum, name=tag, process_set=self.ps)
+        self.expect(tag, got, total.astype(np.float32))
+        buf = xs[me].copy()
+        c.run(tag + "/avg_inplace", hvd.allreduce_, buf, op=hvd.Average,
+              name=tag + "/avg_inplace", process_set=self.ps)
+        self.expect(tag + "/avg_inplace", buf, (total * (1.0 / n)).astype(np.float32))
+        del xs, total, got, buf
+        # float16 over the ring: integer values are exact in fp16 below 2048.
+        count = 2 ** 20 + 7
+        tag = self.name("large", "ar_f16")
+        xs = [(make_input(g, (count,), np.int16, tag) // 4).astype(np.float16)
+              for g in self.members]
+        want = np.sum([x.astype(np.float32) for x in xs], axis=0).astype(np.float16)
+        self.expect(tag, c.run(tag, hvd.allreduce, xs[me], op=hvd.Sum, name=tag,
+                               process_set=self.ps), want)
+        tag = self.name("large", "ar_f16_random")
+        xs = [make_input(g, (count,), np.float16, tag) for g in self.members]
+        want = np.sum([x.astype(np.float32) for x in xs], axis=0)
+        rtol, atol = tolerance(np.float16, n)
+        got = c.run(tag, hvd.allreduce, xs[me], op=hvd.Sum, name=tag, process_set=self.ps)
+        if got is not None:
+            err = np.abs(got.astype(np.float32) - want)
+            c.check(float(err.max()) <= atol + rtol * float(np.abs(want).max()),
+                    f"{tag}: max error {err.max()} vs float32 reference")
+            # Accumulating in float keeps the error unbiased and small on average.
+            c.check(float(err.mean()) < 2.0 ** -8, f"{tag}: mean error {err.mean()}")
+            self.digests.append(np.frombuffer(digest(got), dtype=np.uint8))
+        # int64 max / min over the ring.
+        tag = self.name("large", "ar_i64_max")
+        xs = [make_input(g, (2 ** 19 + 1,), np.int64, tag) for g in self.members]
+        self.expect(tag, c.run(tag, hvd.allreduce, xs[me], op=hvd.Max, name=tag,
+                               process_set=self.ps), np.max(xs, axis=0))
+        # Broadcast, allgather, alltoall, reducescatter of several MiB.
+        tag = self.name("large", "bc")
+        xs = [make_input(g, (4 * 2 ** 20 + 1,), np.float32, tag) for g in self.members]
+        self.expect(tag, c.run(tag, hvd.broadcast, xs[me], n - 1, name=tag,
+                               process_set=self.ps), xs[n - 1])
+        tag = self.name("large", "ag")
+        xs = [make_input(g, (2 ** 19 + 17 * i, 2), np.float32, tag)
+              for i, g in enumerate(self.members)]
+        self.expect(tag, c.run(tag, hvd.allgather, xs[me], name=tag, process_set=self.ps),
+                    np.concatenate(xs))
+        tag = self.name("large", "a2a")
+        split = [[2 ** 18 + 1000 * i + 7 * j for j in range(n)] for i in range(n)]
+        xs = [make_input(g, (sum(split[i]),), np.float32, tag) for i, g in enumerate(self.members)]
+        want = np.concatenate([xs[i][sum(split[i][:me]):sum(split[i][:me]) + split[i][me]]
+                               for i in range(n)])
+        res = c.run(tag, hvd.alltoall, xs[me], splits=split[me], name=tag, process_set=self.ps)
+        if res is not None:
+            self.expect(tag, res[0], want, same_everywhere=False)
+        tag = self.name("large", "rs")
+        rows = 3 * 2 ** 20 + 1
+        xs = [rng_ints(g, rows, np.float32, tag) for g in self.members]
+        full = np.sum([x.astype(np.float64) for x in xs], axis=0).astype(np.float32)
+        counts = [rows // n + (1 if i < rows % n else 0) for i in range(n)]
+        start = sum(counts[:me])
+        self.expect(tag, c.run(tag, hvd.reducescatter, xs[me], op=hvd.Sum, name=tag,
+                               process_set=self.ps), full[start:start + counts[me]], same_everywhere=False)
+
+    def verify_identical(self):
+        """Every member got bitwise identical results for every case."""
+        mine = np.stack(self.digests) if self.digests else np.zeros((0, 32), np.uint8)
+        tag = self.name("digests")
+        gathered = self.c.run(tag, hvd.allgather, mine, name=tag, process_set=self.ps)
+        if gathered is None:
+            return
+        k = len(self.digests)
+        if not self.c.check(gathered.shape == (self.n * k, 32), f"{tag}: shape {gathered.shape}"):
+            return
+        per = gathered.reshape(self.n, k, 32)
+        for i in range(1, self.n):
+            diff = np.nonzero(np.any(per[i] != per[0], axis=1))[0]
+            self.c.check(len(diff) == 0, f"{tag}: member {i} differs from member 0 in "
+                                         f"{len(diff)} of {k} results (first case #{diff[:1]})")
+
+
+SUITES = ("allreduce", "allreduce_average_default", "grouped_allreduce", "allgather",
+          "broadcast", "alltoall", "reducescatter", "barrier")
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--sets", choices=("none", "static", "dynamic"), default="static")
+    p.add_argument("--large", action="store_true")
+    p.add_argument("--suites", default=",".join(SUITES))
+    args = p.parse_args()
+    suites = [s for s in args.suites.split(",") if s]
+
+    import os
+    size = int(os.environ["SPARK_HVD_SIZE"])
+    # Two subsets: all ranks but the last, and all but rank 0 (the coordinator). With two
+    # ranks these are the one-rank sets [0] and [1].
+    subsets = [list(range(size - 1)), list(range(1, size))]
+    sets = []
+    if args.sets == "static":
+        ps_objs = [hvd.ProcessSet(r) for r in subsets]
+        hvd.init(process_sets=ps_objs)
+    else:
+        hvd.init()
+        ps_objs = [hvd.add_process_set(r) for r in subsets] if args.sets == "dynamic" else []
+    rank = hvd.rank()
+    c = Checks(rank)
+    c.check(hvd.size() == size, f"size {hvd.size()} != {size}")
+    sets.append(("global", hvd.global_process_set, list(range(size))))
+    for k, ps in enumerate(ps_objs):
+        sets.append((f"set{k}", ps, ps.ranks))
+        c.check(ps.process_set_id is not None, f"set{k} has no id")
+        if rank in ps.ranks:
+            c.check(ps.size() == len(ps.ranks), f"set{k}.size() {ps.size()}")
+            c.check(ps.rank() == ps.ranks.index(rank), f"set{k}.rank() {ps.rank()}")
+            c.check(ps.included(), f"set{k}.included() is False")
+        else:
+            c.check(ps.rank() == -1 and not ps.included(), f"set{k}: not a member")
+
+    for setname, ps, members in sets:
+        if rank not in members:
+            continue
+        s = Suite(c, setname, ps, members)
+        for name in suites:
+            getattr(s, name)()
+        if args.large and setname == "global":
+            s.large()
+        s.verify_identical()
+    c.run("final barrier", hvd.barrier)
+    if args.sets == "dynamic":
+        for ps in ps_objs:
+            c.check(c.run("remove", hvd.remove_process_set, ps) is True, "remove_process_set")
+    hvd.shutdown()
+    c.finish(sets=len(sets))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
