@@ -376,6 +376,23 @@ int32_t shvd_wait(int64_t handle) {
   return 0;
 }
 
+int32_t shvd_wait_release(const int64_t* handles, int32_t n) {
+  REQUIRE_ENGINE(e);
+  int kind = 0;
+  std::string error;
+  for (int i = 0; i < n; ++i) {
+    auto s = e->handles().get(handles[i]);
+    if (!s) {
+      if (!kind) kind = SHVD_ERR_STATE, error = "unknown or released handle " + std::to_string(handles[i]);
+      continue;
+    }
+    e->handles().wait(s);
+    if (s->error_kind && !kind) kind = s->error_kind, error = s->error;
+    e->handles().release(handles[i]);
+  }
+  return kind ? fail(kind, error) : 0;
+}
+
 int32_t shvd_output(int64_t handle, void** data, int64_t* nbytes) {
   REQUIRE_HANDLE(e, s, handle);
   *data = s->output.data();

@@ -42,7 +42,7 @@ def _contiguous(array):
 
 
 def _ptr(array):
-    return array.__array_interface__["data"][0]
+    return array.ctypes.data
 
 
 def _result_from_output(dtype):
@@ -51,11 +51,6 @@ def _result_from_output(dtype):
         return np.frombuffer(data, dtype=dtype).reshape(shape).copy() if data else \
             np.zeros(shape, dtype=dtype)
     return finish
-
-
-def _wait_all(ids):
-    for h in ids:
-        _ops.wait(h)
 
 
 def allreduce_async(array, average=None, name=None, op=None, prescale_factor=1.0,
@@ -120,7 +115,7 @@ def grouped_allreduce_async(arrays, average=None, name=None, op=None, prescale_f
     ids = _ops.enqueue(ops) if ops else []
 
     def finish(ids):
-        _wait_all(ids)
+        _ops.wait_all(ids)
         return outs
     return _ops.Handle(ids, finish, keepalive=(arrays, outs))
 

@@ -76,7 +76,7 @@ void Engine::complete(Entry& entry, int error_kind, const std::string& error) {
     std::lock_guard<std::mutex> lock(queue_mu_);
     in_flight_.erase(entry.request.name);
   }
-  handles_.complete(entry.state);
+  handles_.mark_done(entry.state);
 }
 
 void Engine::send_frame(Link* link, const std::string& payload) {
@@ -131,8 +131,18 @@ void Engine::loop() {
   } catch (const std::exception& e) {
     abort_job(e.what());
   }
-  std::lock_guard<std::mutex> lock(queue_mu_);
-  stopped_ = true;
+  // Ops still pending at a coordinated shutdown can never complete.
+  std::vector<Entry> queued;
+  {
+    std::lock_guard<std::mutex> lock(queue_mu_);
+    stopped_ = true;
+    queued.swap(queue_);
+  }
+  const std::string why = "spark_hvd was shut down before this collective completed";
+  for (auto& kv : table_) complete(kv.second, SHVD_ERR_INTERNAL, why);
+  for (auto& e : queued) complete(e, SHVD_ERR_INTERNAL, why);
+  table_.clear();
+  handles_.wake_waiters();
 }
 
 void Engine::wait_for_work() {
@@ -277,6 +287,7 @@ void Engine::abort_job(const std::string& why) {
   }
   for (auto& kv : table_) complete(kv.second, SHVD_ERR_INTERNAL, "spark_hvd job aborted: " + why);
   for (auto& e : queued) complete(e, SHVD_ERR_INTERNAL, "spark_hvd job aborted: " + why);
+  handles_.wake_waiters();
   table_.clear();
   // Closing our links makes peers blocked on us fail fast too.
   mesh_.data.clear();
@@ -290,6 +301,11 @@ void Engine::abort_job(const std::string& why) {
 
 void Engine::execute(const Response& resp) {
   last_activity_ = Clock::now();
+  execute_response(resp);
+  handles_.wake_waiters();
+}
+
+void Engine::execute_response(const Response& resp) {
   // Process-set bookkeeping happens on every rank, members or not, so ids stay in step.
   if (resp.op == OpType::kAddProcessSet || resp.op == OpType::kRemoveProcessSet) {
     int id = -1;
@@ -328,9 +344,12 @@ void Engine::execute(const Response& resp) {
     entries.push_back(it == table_.end() ? nullptr : &it->second);
   }
   // Keep the response cache in step with the coordinator's.
-  for (size_t i = 0; i < resp.names.size(); ++i)
-    if (i < resp.cache_ids.size() && resp.cache_ids[i] >= 0 && entries[i])
-      cache_[resp.names[i]] = {uint32_t(resp.cache_ids[i]), entries[i]->request};
+  for (size_t i = 0; i < resp.names.size(); ++i) {
+    if (i >= resp.cache_ids.size() || resp.cache_ids[i] < 0 || !entries[i]) continue;
+    auto& slot = cache_[resp.names[i]];
+    if (slot.first != uint32_t(resp.cache_ids[i]) || !slot.second.same_params(entries[i]->request))
+      slot = {uint32_t(resp.cache_ids[i]), entries[i]->request};
+  }
 
   if (!resp.error.empty()) {
     for (Entry* e : entries)

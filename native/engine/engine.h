@@ -78,6 +78,7 @@ class Engine {
   void run_coordinator();
   void run_worker();
   void execute(const Response& response);
+  void execute_response(const Response& response);
   void complete(Entry& entry, int error_kind = 0, const std::string& error = "");
   void abort_job(const std::string& why);
   void send_frame(Link* link, const std::string& payload);

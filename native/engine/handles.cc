@@ -24,11 +24,14 @@ void HandleTable::release(int64_t handle) {
   handles_.erase(handle);
 }
 
-void HandleTable::complete(const std::shared_ptr<HandleState>& state) {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    state->done.store(true, std::memory_order_release);
-  }
+void HandleTable::mark_done(const std::shared_ptr<HandleState>& state) {
+  state->done.store(true, std::memory_order_release);
+}
+
+void HandleTable::wake_waiters() {
+  // Taking the mutex orders the done flags before any waiter's check-then-sleep, so no
+  // wake-up is lost.
+  { std::lock_guard<std::mutex> lock(mu_); }
   cv_.notify_all();
 }
 

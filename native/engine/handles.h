@@ -27,8 +27,10 @@ class HandleTable {
   int64_t create(std::shared_ptr<HandleState>* state);
   std::shared_ptr<HandleState> get(int64_t handle) const;
   void release(int64_t handle);
-  // Marks done and wakes waiters.
-  void complete(const std::shared_ptr<HandleState>& state);
+  // Marks done without waking anyone: the engine completes a whole fused response, then calls
+  // wake_waiters() once (one futex wake instead of one per tensor).
+  void mark_done(const std::shared_ptr<HandleState>& state);
+  void wake_waiters();
   void wait(const std::shared_ptr<HandleState>& state);
   void clear();
 

@@ -115,6 +115,9 @@ int32_t shvd_enqueue_packed(const char* records, int64_t len, int32_t n, int64_t
 int32_t shvd_poll(int64_t handle);
 /* Waits until done. Returns 0 on success, -1 on failure (the op's error). */
 int32_t shvd_wait(int64_t handle);
+/* Waits for every handle, then releases them all. Returns 0, or -1 with the first failed op's
+ * error (the others are released too). One call per group instead of two per op. */
+int32_t shvd_wait_release(const int64_t* handles, int32_t n);
 /* Result allocated by the core (allgather, alltoall, reducescatter, add_process_set): data
  * pointer and byte count, valid until shvd_release. ndim/shape of the result via shvd_shape. */
 int32_t shvd_output(int64_t handle, void** data, int64_t* nbytes);

@@ -30,6 +30,7 @@ using Clock = std::chrono::steady_clock;
 namespace {
 
 int g_passed = 0, g_failed = 0;
+const char* g_filter = nullptr;  // argv[1]: run only tests whose name contains it
 std::string g_job;  // unique per run: names shm segments, checked for leaks at the end
 
 struct Failure : std::runtime_error {
@@ -46,6 +47,7 @@ double seconds_since(Clock::time_point t) {
 }
 
 void run_test(const char* name, const std::function<void()>& fn) {
+  if (g_filter && !strstr(name, g_filter)) return;
   auto t0 = Clock::now();
   try {
     fn();
@@ -154,7 +156,8 @@ void test_half_conversions() {
   CHECK(std::isnan(half_to_float(float_to_half(NAN))));
   CHECK(float_to_bfloat16(1.0f) == 0x3f80 && float_to_bfloat16(1.0f + 0x1p-8f) == 0x3f80);
   CHECK(float_to_bfloat16(1.0f + 0x3p-8f) == 0x3f82 && float_to_bfloat16(-INFINITY) == 0xff80);
-  CHECK(float_to_bfloat16(3.3895314e38f) == 0x7f80);  // above max bf16 + half ulp: inf
+  CHECK(float_to_bfloat16(3.4e38f) == 0x7f80);  // above max bf16 + half ulp: inf
+  CHECK(float_to_bfloat16(3.3895314e38f) == 0x7f7f);  // max finite bf16
   CHECK(std::isnan(bfloat16_to_float(float_to_bfloat16(NAN))));
   CHECK(float_to_bfloat16(0x1p-130f) == 0x0002);  // subnormal float -> subnormal bf16
 
@@ -344,15 +347,19 @@ struct World {
   std::string secret = kSecret;
   double timeout = 20.0;
   std::vector<std::unique_ptr<Endpoint>> eps;
+  std::vector<int> ports;  // kept: a child closes the other ranks' endpoints
 
   World(int n_, std::vector<std::string> hosts, bool use_shm) : n(n_), host_ids(std::move(hosts)), shm(use_shm) {
-    for (int r = 0; r < n; ++r) eps.emplace_back(new Endpoint("127.0.0.1"));
+    for (int r = 0; r < n; ++r) {
+      eps.emplace_back(new Endpoint("127.0.0.1"));
+      ports.push_back(eps.back()->port());
+    }
   }
   MeshOptions options(int rank) const {
     MeshOptions o;
     o.rank = rank;
     o.size = n;
-    for (int r = 0; r < n; ++r) o.peers.push_back({"127.0.0.1", eps[r]->port(), host_ids[r]});
+    for (int r = 0; r < n; ++r) o.peers.push_back({"127.0.0.1", ports[r], host_ids[r]});
     o.secret = secret;
     o.job_id = g_job;
     o.use_shared_memory = shm;
@@ -703,7 +710,8 @@ void test_no_leftover_segments() {
 
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
+  if (argc > 1) g_filter = argv[1];
   signal(SIGPIPE, SIG_IGN);
   g_job = "test" + std::to_string(getpid());
   run_test("sha256 vectors", test_sha256);

@@ -79,6 +79,7 @@ def _load():
         "shvd_enqueue_packed": (i32, [ctypes.c_char_p, i64, i32, p_i64]),
         "shvd_poll": (i32, [i64]),
         "shvd_wait": (i32, [i64]),
+        "shvd_wait_release": (i32, [p_i64, i32]),
         "shvd_output": (i32, [i64, ctypes.POINTER(vp), p_i64]),
         "shvd_output_shape": (i32, [i64, p_i64, i32]),
         "shvd_output_ints": (i32, [i64, p_i64, i32]),

@@ -17,9 +17,7 @@ _REDUCE_OP_NAMES = {Average: "Average", Sum: "Sum", Adasum: "Adasum", Min: "Min"
                     Product: "Product"}
 
 _name_counters = defaultdict(itertools.count)
-# Reused output slot for single-op enqueues (ctypes releases the GIL, but the value is read
-# back by the same thread before any other Python code runs on it).
-_one_handle = (ctypes.c_int64 * 1)()
+
 
 
 def auto_name(kind, name):
@@ -74,8 +72,9 @@ def enqueue(records):
 def enqueue_one(kind, name, dtype, shape, input_ptr, output_ptr, **kwargs):
     basics._require_init()
     record = make_op(kind, name, dtype, shape, input_ptr, output_ptr, **kwargs)
-    check(lib.shvd_enqueue_packed(record, len(record), 1, _one_handle))
-    return _one_handle[0]
+    handle = ctypes.c_int64()
+    check(lib.shvd_enqueue_packed(record, len(record), 1, ctypes.byref(handle)))
+    return handle.value
 
 
 def poll(handle_id):
@@ -84,10 +83,14 @@ def poll(handle_id):
 
 def wait(handle_id):
     """Blocks until the op completes; raises its error. The handle is released either way."""
-    try:
-        check(lib.shvd_wait(handle_id))
-    finally:
-        lib.shvd_release(handle_id)
+    check(lib.shvd_wait_release(ctypes.byref(ctypes.c_int64(handle_id)), 1))
+
+
+def wait_all(handle_ids):
+    """Waits for (and releases) every handle; raises the first error."""
+    n = len(handle_ids)
+    if n:
+        check(lib.shvd_wait_release((ctypes.c_int64 * n)(*handle_ids), n))
 
 
 def wait_output(handle_id):
@@ -114,10 +117,11 @@ class Handle:
     """A pending collective: ``poll()`` says whether it finished, ``wait()`` returns its result.
 
     ``finish`` turns the completed native op into the user-facing result (for example copying a
-    core-allocated allgather result into a new array); it runs once.
+    core-allocated allgather result into a new array); it runs once, and a failure is raised
+    again by every later ``wait()``.
     """
 
-    __slots__ = ("_ids", "_finish", "_keepalive", "_done", "_result")
+    __slots__ = ("_ids", "_finish", "_keepalive", "_done", "_result", "_error")
 
     def __init__(self, ids, finish, keepalive=None):
         self._ids = ids
@@ -125,15 +129,22 @@ class Handle:
         self._keepalive = keepalive
         self._done = False
         self._result = None
+        self._error = None
 
     def poll(self):
+        """True once the op has finished (successfully or not)."""
         return self._done or all(poll(h) for h in self._ids)
 
     def wait(self):
+        """Blocks until the op finished; returns its result or raises its error."""
         if not self._done:
             try:
                 self._result = self._finish(self._ids)
+            except BaseException as e:
+                self._error = e
             finally:
                 self._done = True
                 self._keepalive = None
+        if self._error is not None:
+            raise self._error
         return self._result

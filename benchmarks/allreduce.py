@@ -1,0 +1,600 @@
+#!/usr/bin/env python3
+"""Allreduce benchmark: spark_hvd vs torch.distributed (gloo) vs OpenMPI (mpi4py), side by side.
+
+    .venv/bin/python benchmarks/allreduce.py            # full run (a few minutes)
+    .venv/bin/python benchmarks/allreduce.py --quick    # about a minute, fewer repetitions
+    .venv/bin/python benchmarks/allreduce.py --systems spark_hvd,mpi --sizes 4B,16MiB
+
+Each system runs on its own (never two at once) as 2 processes on this host:
+  spark_hvd  spark-hvd-run -np 2 ...; hvd.allreduce_(arr, op=hvd.Sum, name=...) on float32
+  gloo       2 subprocesses; torch.distributed.all_reduce on a CPU float32 tensor (tcp://127.0.0.1)
+  mpi        mpirun -np 2 ...; comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM) (skipped without
+             mpirun or mpi4py)
+
+For every size: one correctness check (a rank- and position-dependent pattern must sum exactly),
+warm-up, then repetitions; before each repetition all ranks meet at the system's own barrier, and
+each op is timed alone. Reported: rank 0's median. Bus bandwidth = bytes / time * 2(n-1)/n.
+Then the "gradient set": 200 tensors of 16 KiB per step, all submitted asynchronously and then
+waited for (spark_hvd allreduce_async_ + synchronize, MPI Iallreduce + Waitall, gloo
+all_reduce(async_op=True) + wait; gloo one by one too); median step time.
+The end lists the targets of issue 2 as PASS/FAIL lines. See benchmarks/README.md.
+"""
+
+import argparse
+import collections
+import datetime
+import json
+import os
+import platform
+import queue
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+WORKER = os.path.join(HERE, "_helpers", "allreduce_worker.py")
+MARK = "@@BENCH "
+NP = 2
+
+KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
+DEFAULT_SIZES = [4, 64, KiB, 16 * KiB, 256 * KiB, MiB, 4 * MiB, 16 * MiB, 64 * MiB, 256 * MiB]
+SYSTEM_ORDER = ["spark_hvd", "gloo", "mpi"]
+LABEL = {"spark_hvd": "spark_hvd", "gloo": "gloo", "mpi": "MPI"}
+
+# Targets (issue 2, "Benchmark"): ratios measured in the same run.
+TARGET_BIG_BYTES = 16 * MiB      # at this size and above:
+TARGET_BW_VS_GLOO = 2.0          #   busbw >= 2x gloo's
+TARGET_BW_VS_MPI = 1.0           #   busbw >= 1x MPI's
+TARGET_SMALL_BYTES = 4           # at 4 B:
+TARGET_LAT_VS_GLOO = 0.35        #   latency <= 0.35x gloo's
+TARGET_GRAD_VS_MPI = 1.5         # gradient-set step <= 1.5x MPI Iallreduce+Waitall
+
+
+# ---------------------------------------------------------------------------------------------
+# Plan
+
+def parse_size(text):
+    """'4', '4B', '1KiB', '16MiB', '1K', '1M', '1G' -> bytes (binary units)."""
+    t = text.strip().lower().replace("ib", "").rstrip("b")
+    mult = 1
+    if t and t[-1] in "kmg":
+        mult = {"k": KiB, "m": MiB, "g": GiB}[t[-1]]
+        t = t[:-1]
+    try:
+        value = float(t) * mult
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"bad size {text!r} (examples: 4B, 1KiB, 16MiB)")
+    nbytes = int(value)
+    if nbytes < 4 or nbytes % 4:
+        raise argparse.ArgumentTypeError(f"size {text!r}: needs a multiple of 4 bytes (float32)")
+    return nbytes
+
+
+def fmt_size(nbytes):
+    for unit, scale in (("GiB", GiB), ("MiB", MiB), ("KiB", KiB)):
+        if nbytes >= scale and nbytes % scale == 0:
+            return f"{nbytes // scale} {unit}"
+    return f"{nbytes} B"
+
+
+def default_reps(nbytes, quick):
+    """2000 repetitions up to 16 KiB, falling to 10 at 256 MiB (a tenth of that with --quick)."""
+    reps = 2000 * min(1.0, (16 * KiB / nbytes) ** 0.55)
+    if quick:
+        return max(3, min(200, round(reps / 10)))
+    return max(10, min(2000, round(reps)))
+
+
+def build_plan(args):
+    sizes = []
+    for nbytes in args.sizes:
+        if args.reps:
+            reps = args.reps
+        else:
+            reps = max(1, round(default_reps(nbytes, args.quick) * args.rep_scale))
+        warmup = max(1 if args.quick else 2, min(20 if args.quick else 100, reps // 10))
+        sizes.append([nbytes, warmup, reps])
+    grad = None
+    if args.grad_tensors > 0:
+        steps = args.grad_steps or (10 if args.quick else 50)
+        grad = {"tensors": args.grad_tensors, "elems": args.grad_bytes // 4,
+                "warmup": 3 if args.quick else 10, "steps": steps,
+                "sync_steps": 0 if args.no_gloo_sync else (3 if args.quick else 10)}
+    return {"sizes": sizes, "grad": grad}
+
+
+# ---------------------------------------------------------------------------------------------
+# Running one system
+
+def free_port():
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def find_launcher():
+    exe_dir = os.path.dirname(sys.executable)
+    for candidate in (os.path.join(exe_dir, "spark-hvd-run"), shutil.which("spark-hvd-run")):
+        if candidate and os.path.exists(candidate):
+            return [candidate]
+    return [sys.executable, "-m", "spark_hvd.runner"]
+
+
+def commands_for(system, plan_json, args):
+    """(list of argv, env, reason-to-skip or None)."""
+    env = dict(os.environ)
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    worker = [sys.executable, WORKER, "--system", system, "--plan", plan_json]
+    if system == "spark_hvd":
+        return [find_launcher() + ["-np", str(NP)] + args.hvd_args + worker], env, None
+    if system == "gloo":
+        try:
+            import importlib.util
+            if importlib.util.find_spec("torch") is None:
+                return None, env, "torch is not installed"
+        except (ImportError, ValueError):
+            return None, env, "torch is not importable"
+        if "GLOO_SOCKET_IFNAME" not in env and os.path.exists("/sys/class/net/lo"):
+            env["GLOO_SOCKET_IFNAME"] = "lo"  # one host: keep gloo on loopback
+        port = str(free_port())
+        return [worker + ["--rank", str(r), "--size", str(NP), "--port", port]
+                for r in range(NP)], env, None
+    if system == "mpi":
+        mpirun = args.mpirun or shutil.which("mpirun")
+        if not mpirun:
+            return None, env, "mpirun not found on PATH (install OpenMPI or pass --mpirun)"
+        try:
+            import importlib.util
+            if importlib.util.find_spec("mpi4py") is None:
+                return None, env, "mpi4py is not installed in this Python"
+        except (ImportError, ValueError):
+            return None, env, "mpi4py is not importable"
+        cmd = [mpirun, "-np", str(NP), "--bind-to", "none", "--oversubscribe"]
+        if hasattr(os, "geteuid") and os.geteuid() == 0:
+            cmd.append("--allow-run-as-root")
+        return [cmd + args.mpirun_args + worker], env, None
+    raise ValueError(system)
+
+
+class Job:
+    """Processes of one system, their output streamed line by line into a queue."""
+
+    def __init__(self, cmds, env):
+        self.queue = queue.Queue()
+        self.procs = []
+        for i, cmd in enumerate(cmds):
+            p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                 stdin=subprocess.DEVNULL, env=env, text=True, bufsize=1,
+                                 errors="replace", start_new_session=True)
+            self.procs.append(p)
+            threading.Thread(target=self._pump, args=(i, p), daemon=True).start()
+        self.open_streams = len(self.procs)
+
+    def _pump(self, i, p):
+        for line in p.stdout:
+            self.queue.put((i, line.rstrip("\n")))
+        self.queue.put((i, None))
+
+    def kill(self):
+        """Stops the process groups this job started (each process leads its own)."""
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            alive = [p for p in self.procs if p.poll() is None]
+            for p in alive:
+                try:
+                    os.killpg(p.pid, sig)
+                except (ProcessLookupError, PermissionError):
+                    pass
+            deadline = time.monotonic() + 3
+            while any(p.poll() is None for p in alive) and time.monotonic() < deadline:
+                time.sleep(0.05)
+
+
+def run_system(system, plan, args):
+    result = {"system": system, "meta": {}, "sizes": {}, "grad": {}, "errors": [],
+              "skipped": None, "wall_s": None}
+    plan_json = json.dumps(plan, separators=(",", ":"))
+    cmds, env, skip = commands_for(system, plan_json, args)
+    if skip:
+        result["skipped"] = skip
+        log(f"[{system}] skipped: {skip}")
+        return result
+    log(f"[{system}] starting: {' '.join(cmds[0][:cmds[0].index('--plan')])} ...")
+    t0 = time.monotonic()
+    job = Job(cmds, env)
+    tail = collections.deque(maxlen=40)
+    last_progress = time.monotonic()
+    first_exit = None
+    reason = None
+    while job.open_streams:
+        try:
+            i, line = job.queue.get(timeout=0.5)
+        except queue.Empty:
+            line = ""
+            i = None
+        now = time.monotonic()
+        if line is None:
+            job.open_streams -= 1
+        elif line:
+            k = line.find(MARK)
+            if k < 0:
+                tail.append(line if len(job.procs) == 1 else f"[proc {i}] {line}")
+            else:
+                try:
+                    rec = json.loads(line[k + len(MARK):])
+                except json.JSONDecodeError:
+                    tail.append(line)
+                    continue
+                last_progress = now
+                handle_record(result, rec)
+        # A dead rank leaves its peers blocked in a collective: give them a moment, then stop.
+        if first_exit is None and any(p.poll() not in (None, 0) for p in job.procs):
+            first_exit = now
+        if first_exit is not None and now - first_exit > 5 and \
+                any(p.poll() is None for p in job.procs):
+            reason = "a process failed; stopped the others"
+            job.kill()
+        if now - t0 > args.timeout:
+            reason = f"timed out after {args.timeout:.0f} s (--timeout)"
+            job.kill()
+        elif now - last_progress > args.idle_timeout:
+            reason = (f"no result for {args.idle_timeout:.0f} s (hung?) (--idle-timeout)")
+            job.kill()
+        if reason and all(p.poll() is not None for p in job.procs):
+            break
+    for p in job.procs:
+        try:
+            p.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            job.kill()
+    result["wall_s"] = time.monotonic() - t0
+    rcs = [p.returncode for p in job.procs]
+    done = result.pop("_done", set())
+    if reason:
+        result["errors"].append(reason)
+    if any(rc != 0 for rc in rcs) or len(done) < NP:
+        if not result["errors"]:
+            result["errors"].append(f"exit status {rcs}; ranks that finished: {sorted(done)}")
+        result["output_tail"] = list(tail)
+    if result["errors"]:
+        log(f"[{system}] FAILED after {result['wall_s']:.0f} s: {'; '.join(result['errors'])}")
+        if tail:
+            log(f"[{system}] last output lines:\n    " + "\n    ".join(tail))
+    else:
+        log(f"[{system}] done in {result['wall_s']:.0f} s")
+    return result
+
+
+def handle_record(result, rec):
+    kind, rank = rec.get("kind"), rec.get("rank")
+    system = result["system"]
+    if kind == "meta":
+        result["meta"] = rec
+    elif kind == "size":
+        entry = result["sizes"].setdefault(rec["bytes"], {})
+        entry[rank] = rec
+        if not rec["correct"]:
+            msg = f"WRONG RESULT at {fmt_size(rec['bytes'])} on rank {rank}: {rec['error']}"
+            result["errors"].append(msg)
+            log(f"[{system}] {msg}")
+        if rank == 0:
+            log(f"[{system}] {fmt_size(rec['bytes']):>8}: median {fmt_us(rec['median_s'])} us, "
+                f"busbw {fmt_bw(busbw(rec['bytes'], rec['median_s']))} GB/s "
+                f"({rec['n']} reps)")
+    elif kind == "grad":
+        entry = result["grad"].setdefault(rec["variant"], {})
+        entry[rank] = rec
+        if not rec["correct"]:
+            msg = f"WRONG RESULT in gradient set ({rec['variant']}) on rank {rank}: {rec['error']}"
+            result["errors"].append(msg)
+            log(f"[{system}] {msg}")
+        if rank == 0:
+            log(f"[{system}] gradient set ({rec['variant']}): median step "
+                f"{rec['median_s'] * 1e3:.3f} ms ({rec['n']} steps)")
+    elif kind == "error":
+        result["errors"].append(f"rank {rank}: {rec.get('error')}")
+        tb = rec.get("traceback")
+        if tb:
+            log(f"[{system}] rank {rank} raised:\n" + tb.rstrip())
+    elif kind == "done":
+        result.setdefault("_done", set()).add(rank)
+
+
+# ---------------------------------------------------------------------------------------------
+# Report
+
+def log(msg):
+    print(msg, file=sys.stderr, flush=True)
+
+
+def busbw(nbytes, seconds):
+    return nbytes / seconds * 2 * (NP - 1) / NP / 1e9
+
+
+def fmt_us(seconds):
+    us = seconds * 1e6
+    if us < 10:
+        return f"{us:.2f}"
+    if us < 1000:
+        return f"{us:.1f}"
+    return f"{us:,.0f}"
+
+
+def fmt_bw(gbs):
+    if gbs >= 100:
+        return f"{gbs:.0f}"
+    if gbs >= 0.01:
+        return f"{gbs:.2f}"
+    return f"{gbs:.4f}"
+
+
+def fmt_ratio(r):
+    return "-" if r is None else (f"{r:.2f}x" if r < 100 else f"{r:.0f}x")
+
+
+def usable(result, key, variant=None):
+    """Rank 0's record for a size (or gradient variant), or None if missing/wrong/failed."""
+    if result is None or result.get("skipped"):
+        return None
+    table = result["grad"].get(variant) if variant else result["sizes"].get(key)
+    if not table or 0 not in table:
+        return None
+    if not all(r.get("correct") for r in table.values()):
+        return None
+    return table[0]
+
+
+def cell_missing(result):
+    if result is None:
+        return "-"
+    if result.get("skipped"):
+        return "skip"
+    return "FAIL"
+
+
+def table(headers, rows, align):
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h)
+              for i, h in enumerate(headers)]
+    def line(cells):
+        out = []
+        for c, w, a in zip(cells, widths, align):
+            out.append(c.rjust(w) if a == "r" else c.ljust(w))
+        return "| " + " | ".join(out) + " |"
+    sep = "|" + "|".join(("-" * (w + 1) + ":") if a == "r" else ("-" * (w + 2))
+                         for w, a in zip(widths, align)) + "|"
+    return "\n".join([line(headers), sep] + [line(r) for r in rows])
+
+
+def report(results, plan, args, started):
+    systems = [s for s in SYSTEM_ORDER if s in results]
+    hvd, gloo, mpi = results.get("spark_hvd"), results.get("gloo"), results.get("mpi")
+    out = []
+    out.append(f"Allreduce benchmark, {NP} processes on one host, float32, "
+               f"{started:%Y-%m-%d %H:%M}, {host_description()}")
+    out.append("Latency = rank 0's median time per op; busbw = bytes/latency*2(n-1)/n; "
+               "ratios: busbw ours/theirs (>1: we are faster), latency ours/theirs (<1: faster).")
+    for s in systems:
+        r = results[s]
+        if r.get("skipped"):
+            out.append(f"  {LABEL[s]}: skipped ({r['skipped']})")
+        else:
+            m = r.get("meta") or {}
+            extra = f", shared memory {'on' if m.get('shared_memory') else 'OFF'}" \
+                if s == "spark_hvd" and "shared_memory" in m else ""
+            out.append(f"  {LABEL[s]}: {m.get('version', '?')}{extra}"
+                       + (f"  [FAILED: {'; '.join(r['errors'])}]" if r["errors"] else ""))
+    out.append("")
+
+    headers = ["size", "reps"] + [f"{LABEL[s]} µs" for s in systems] + \
+              [f"{LABEL[s]} GB/s" for s in systems]
+    ratio_cols = []
+    if hvd and gloo:
+        ratio_cols.append(("bw vs gloo", "gloo", "bw"))
+    if hvd and mpi:
+        ratio_cols.append(("bw vs MPI", "mpi", "bw"))
+    if hvd and gloo:
+        ratio_cols.append(("lat vs gloo", "gloo", "lat"))
+    if hvd and mpi:
+        ratio_cols.append(("lat vs MPI", "mpi", "lat"))
+    headers += [h for h, _, _ in ratio_cols]
+    rows = []
+    for nbytes, _, reps in plan["sizes"]:
+        recs = {s: usable(results[s], nbytes) for s in systems}
+        row = [fmt_size(nbytes), str(reps)]
+        row += [fmt_us(recs[s]["median_s"]) if recs[s] else cell_missing(results[s])
+                for s in systems]
+        row += [fmt_bw(busbw(nbytes, recs[s]["median_s"])) if recs[s]
+                else cell_missing(results[s]) for s in systems]
+        for _, other, kind in ratio_cols:
+            a, b = recs.get("spark_hvd"), recs.get(other)
+            if not (a and b):
+                row.append("-")
+            elif kind == "bw":
+                row.append(fmt_ratio(b["median_s"] / a["median_s"]))
+            else:
+                row.append(fmt_ratio(a["median_s"] / b["median_s"]))
+        rows.append(row)
+    out.append(table(headers, rows, ["l"] + ["r"] * (len(headers) - 1)))
+
+    grad_ratio = None
+    if plan.get("grad"):
+        g = plan["grad"]
+        out.append("")
+        out.append(f"Gradient set: {g['tensors']} tensors of {fmt_size(g['elems'] * 4)} per step, "
+                   f"median step time over {g['steps']} steps "
+                   f"({g['sync_steps']} for gloo one by one) after warm-up")
+        rows = []
+        mpi_rec = usable(mpi, None, "async") if mpi else None
+        gloo_rec = usable(gloo, None, "async") if gloo else None
+        variants = [("spark_hvd", "async", "allreduce_async_ x N + synchronize"),
+                    ("mpi", "async", "Iallreduce x N + Waitall"),
+                    ("gloo", "async", "all_reduce(async_op=True) x N + wait"),
+                    ("gloo", "sync", "all_reduce x N, one by one")]
+        for s, variant, how in variants:
+            if s not in results:
+                continue
+            rec = usable(results[s], None, variant)
+            if rec is None:
+                rows.append([LABEL[s], how, cell_missing(results[s]), "-", "-", "-", "-"])
+                continue
+            t = rec["median_s"]
+            rows.append([LABEL[s], how, f"{t * 1e3:.3f}",
+                         f"{rec['p10_s'] * 1e3:.3f}–{rec['p90_s'] * 1e3:.3f}",
+                         f"{t / g['tensors'] * 1e6:.1f}",
+                         fmt_ratio(t / mpi_rec["median_s"]) if mpi_rec else "-",
+                         fmt_ratio(t / gloo_rec["median_s"]) if gloo_rec else "-"])
+        out.append(table(["system", "how", "step ms", "p10–p90 ms", "µs/tensor",
+                          "vs MPI", "vs gloo async"], rows, ["l", "l", "r", "r", "r", "r", "r"]))
+        h = usable(hvd, None, "async") if hvd else None
+        if h and mpi_rec:
+            grad_ratio = h["median_s"] / mpi_rec["median_s"]
+
+    # Targets
+    out.append("")
+    out.append("Targets (issue 2), spark_hvd vs the others in this run:")
+    verdicts = []
+
+    def verdict(ok, text):
+        word = "SKIP" if ok is None else ("PASS" if ok else "FAIL")
+        verdicts.append(word)
+        out.append(f"  {word}  {text}")
+
+    big = [n for n, _, _ in plan["sizes"] if n >= TARGET_BIG_BYTES]
+    if not big:
+        verdict(None, f"busbw at >= {fmt_size(TARGET_BIG_BYTES)}: no such size in this run")
+    for nbytes in big:
+        a = usable(hvd, nbytes) if hvd else None
+        for other, target in (("gloo", TARGET_BW_VS_GLOO), ("mpi", TARGET_BW_VS_MPI)):
+            b = usable(results.get(other), nbytes) if results.get(other) else None
+            label = f"{fmt_size(nbytes):>7} busbw >= {target:g}x {LABEL[other]}"
+            if not (a and b):
+                verdict(None, f"{label}: not measured")
+            else:
+                r = b["median_s"] / a["median_s"]
+                verdict(r >= target, f"{label}: {r:.2f}x "
+                        f"({fmt_bw(busbw(nbytes, a['median_s']))} vs "
+                        f"{fmt_bw(busbw(nbytes, b['median_s']))} GB/s)")
+    label = f"{fmt_size(TARGET_SMALL_BYTES):>7} latency <= {TARGET_LAT_VS_GLOO:g}x gloo"
+    a = usable(hvd, TARGET_SMALL_BYTES) if hvd else None
+    b = usable(gloo, TARGET_SMALL_BYTES) if gloo else None
+    if a and b:
+        r = a["median_s"] / b["median_s"]
+        verdict(r <= TARGET_LAT_VS_GLOO, f"{label}: {r:.3f}x "
+                f"({fmt_us(a['median_s'])} vs {fmt_us(b['median_s'])} µs)")
+    else:
+        verdict(None, f"{label}: not measured")
+    label = f"gradient set step <= {TARGET_GRAD_VS_MPI:g}x MPI Iallreduce+Waitall"
+    if grad_ratio is not None:
+        verdict(grad_ratio <= TARGET_GRAD_VS_MPI, f"{label}: {grad_ratio:.2f}x "
+                f"({usable(hvd, None, 'async')['median_s'] * 1e3:.3f} vs "
+                f"{usable(mpi, None, 'async')['median_s'] * 1e3:.3f} ms)")
+    else:
+        verdict(None, f"{label}: not measured")
+    out.append(f"  => {verdicts.count('PASS')} PASS, {verdicts.count('FAIL')} FAIL, "
+               f"{verdicts.count('SKIP')} SKIP")
+    return "\n".join(out), verdicts
+
+
+def host_description():
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    ncpu = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return f"{ncpu} CPU cores ({cpu}), {platform.system()} {platform.release()}, " \
+           f"Python {platform.python_version()}"
+
+
+# ---------------------------------------------------------------------------------------------
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog="Progress goes to stderr; the tables and verdicts to "
+                                       "stdout (Markdown).")
+    p.add_argument("--quick", action="store_true",
+                   help="a tenth of the repetitions, fewer gradient-set steps (~1 minute)")
+    p.add_argument("--reps", type=int, default=0,
+                   help="the same number of timed repetitions at every size "
+                        "(default: 2000 up to 16 KiB falling to 10 at 256 MiB)")
+    p.add_argument("--rep-scale", type=float, default=1.0,
+                   help="multiply the default repetition counts")
+    p.add_argument("--sizes", type=lambda s: [parse_size(x) for x in s.replace(",", " ").split()],
+                   nargs="+", default=None,
+                   help="message sizes, e.g. --sizes 4B 1KiB 16MiB (or comma-separated); "
+                        "default: 4 B, 64 B, 1 KiB, 16 KiB, 256 KiB, 1 MiB ... 256 MiB")
+    p.add_argument("--systems", default=",".join(SYSTEM_ORDER),
+                   help="comma-separated subset of spark_hvd,gloo,mpi (default: all)")
+    p.add_argument("--grad-tensors", type=int, default=200,
+                   help="tensors per gradient-set step (0: skip the gradient set)")
+    p.add_argument("--grad-bytes", type=parse_size, default=16 * KiB,
+                   help="bytes per gradient-set tensor (default 16KiB)")
+    p.add_argument("--grad-steps", type=int, default=0, help="timed gradient-set steps "
+                   "(default 50, 10 with --quick)")
+    p.add_argument("--no-gloo-sync", action="store_true",
+                   help="skip gloo's one-by-one gradient-set variant")
+    p.add_argument("--timeout", type=float, default=0,
+                   help="seconds one system may run (default 420, 120 with --quick)")
+    p.add_argument("--idle-timeout", type=float, default=120,
+                   help="stop a system that reports nothing for this long (default 120)")
+    p.add_argument("--mpirun", default=None, help="path to mpirun (default: from PATH)")
+    p.add_argument("--mpirun-arg", dest="mpirun_args", action="append", default=[],
+                   help="extra mpirun argument (repeatable), e.g. --mpirun-arg=--mca ...")
+    p.add_argument("--hvd-arg", dest="hvd_args", action="append", default=[],
+                   help="extra spark-hvd-run argument (repeatable), "
+                        "e.g. --hvd-arg=--cycle-time-ms=1")
+    p.add_argument("--json", metavar="FILE", help="also write every record to FILE")
+    p.add_argument("--strict", action="store_true", help="exit 1 when a target FAILs")
+    args = p.parse_args(argv)
+
+    args.sizes = sorted(set(x for group in args.sizes for x in group)) if args.sizes \
+        else list(DEFAULT_SIZES)
+    if not args.timeout:
+        args.timeout = 120 if args.quick else 420
+    systems = [s.strip() for s in args.systems.split(",") if s.strip()]
+    unknown = [s for s in systems if s not in SYSTEM_ORDER]
+    if unknown or not systems:
+        p.error(f"--systems: unknown {unknown}; choose from {','.join(SYSTEM_ORDER)}")
+    if args.reps < 0 or args.rep_scale <= 0:
+        p.error("--reps and --rep-scale must be positive")
+
+    plan = build_plan(args)
+    started = datetime.datetime.now()
+    log(f"plan: {len(plan['sizes'])} sizes "
+        f"({', '.join(f'{fmt_size(n)}x{r}' for n, _, r in plan['sizes'])}), "
+        f"systems {', '.join(systems)}" +
+        (f", gradient set {plan['grad']['tensors']} x {fmt_size(plan['grad']['elems'] * 4)}"
+         if plan["grad"] else ""))
+    results = {}
+    for s in SYSTEM_ORDER:
+        if s in systems:
+            results[s] = run_system(s, plan, args)
+    text, verdicts = report(results, plan, args, started)
+    print()
+    print(text, flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"started": started.isoformat(timespec="seconds"),
+                       "host": host_description(), "plan": plan,
+                       "results": results, "verdicts": verdicts}, f, indent=1,
+                      default=lambda o: sorted(o) if isinstance(o, set) else str(o))
+        log(f"records written to {args.json}")
+    failed = [s for s, r in results.items() if r["errors"]]
+    if failed:
+        log(f"FAILED: {', '.join(failed)} (see the messages above)")
+        return 1
+    if args.strict and "FAIL" in verdicts:
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
