@@ -11,8 +11,6 @@ the same order) and ``process_set=``; ``*_async`` forms return a handle for
 :func:`poll` / :func:`synchronize`.
 """
 
-import pickle
-
 import numpy as np
 
 from .common import *  # noqa: F401,F403  (the shared API: init, rank, ProcessSet, ...)
@@ -20,6 +18,7 @@ from .common import _ops
 from .common._native import (BOOL, FLOAT16, FLOAT32, FLOAT64, INT8, INT16, INT32, INT64,
                              OP_ALLGATHER, OP_ALLREDUCE, OP_ALLTOALL, OP_BARRIER, OP_BROADCAST,
                              OP_JOIN, OP_REDUCESCATTER, UINT8)
+from .common.objects import allgather_object, broadcast_object  # noqa: F401
 from .common.process_sets import global_process_set, process_set_id
 
 _DTYPES = {np.dtype(np.uint8): UINT8, np.dtype(np.int8): INT8, np.dtype(np.int16): INT16,
@@ -244,40 +243,3 @@ def poll(handle):
 def synchronize(handle):
     """Waits for an async op and returns its result (raises its error)."""
     return handle.wait()
-
-
-def broadcast_object(obj, root_rank=0, name=None, process_set=global_process_set):
-    """Pickles ``obj`` on the root and returns an equal object on every rank."""
-    name = _ops.auto_name("broadcast_object", name)
-    if _rank_in(process_set) == root_rank:
-        payload = np.frombuffer(pickle.dumps(obj), dtype=np.uint8)
-        length = np.array([payload.size], dtype=np.int64)
-    else:
-        payload, length = None, np.zeros(1, dtype=np.int64)
-    length = broadcast(length, root_rank, name=f"{name}.size", process_set=process_set)
-    if payload is None:
-        payload = np.zeros(int(length[0]), dtype=np.uint8)
-    payload = broadcast(payload, root_rank, name=f"{name}.data", process_set=process_set)
-    return pickle.loads(payload.tobytes())
-
-
-def allgather_object(obj, name=None, process_set=global_process_set):
-    """Returns the list of every rank's ``obj`` (pickled), in rank order."""
-    name = _ops.auto_name("allgather_object", name)
-    payload = np.frombuffer(pickle.dumps(obj), dtype=np.uint8)
-    sizes = allgather(np.array([payload.size], dtype=np.int64), name=f"{name}.sizes",
-                      process_set=process_set)
-    data = allgather(payload, name=f"{name}.data", process_set=process_set)
-    out, offset = [], 0
-    for n in sizes.tolist():
-        out.append(pickle.loads(data[offset:offset + n].tobytes()))
-        offset += n
-    return out
-
-
-def _rank_in(process_set):
-    """This rank's index within ``process_set``."""
-    from .common import basics
-    if process_set is None or process_set.process_set_id == 0:
-        return basics.rank()
-    return process_set.rank()

@@ -14,6 +14,7 @@ _EXPORTS = {
                "start_timeline", "stop_timeline", "tcp_built"],
     "exceptions": ["HorovodInternalError", "HostsUpdatedInterrupt"],
     "_ops": ["Adasum", "Average", "Max", "Min", "Product", "Sum"],
+    "objects": ["allgather_object", "broadcast_object"],
     "process_sets": ["ProcessSet", "add_process_set", "global_process_set",
                      "remove_process_set"],
 }
