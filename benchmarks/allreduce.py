@@ -203,12 +203,13 @@ def run_system(system, plan, args):
         log(f"[{system}] skipped: {skip}")
         return result
     log(f"[{system}] starting: {' '.join(cmds[0][:cmds[0].index('--plan')])} ...")
-    t0 = time.monotonic()
+    t0 = result["_t0"] = time.monotonic()
     job = Job(cmds, env)
     tail = collections.deque(maxlen=40)
     last_progress = time.monotonic()
     first_exit = None
     reason = None
+    decoder = json.JSONDecoder()
     while job.open_streams:
         try:
             i, line = job.queue.get(timeout=0.5)
@@ -222,14 +223,16 @@ def run_system(system, plan, args):
             k = line.find(MARK)
             if k < 0:
                 tail.append(line if len(job.procs) == 1 else f"[proc {i}] {line}")
-            else:
+            while k >= 0:
                 try:
-                    rec = json.loads(line[k + len(MARK):])
+                    rec, end = decoder.raw_decode(line, k + len(MARK))
                 except json.JSONDecodeError:
+                    log(f"[{system}] could not parse a result line: {line[k:k + 200]!r}")
                     tail.append(line)
-                    continue
+                    break
                 last_progress = now
                 handle_record(result, rec)
+                k = line.find(MARK, end)
         # A dead rank leaves its peers blocked in a collective: give them a moment, then stop.
         if first_exit is None and any(p.poll() not in (None, 0) for p in job.procs):
             first_exit = now
@@ -253,6 +256,7 @@ def run_system(system, plan, args):
     result["wall_s"] = time.monotonic() - t0
     rcs = [p.returncode for p in job.procs]
     done = result.pop("_done", set())
+    result.pop("_t0", None)
     if reason:
         result["errors"].append(reason)
     if any(rc != 0 for rc in rcs) or len(done) < NP:
@@ -270,7 +274,7 @@ def run_system(system, plan, args):
 
 def handle_record(result, rec):
     kind, rank = rec.get("kind"), rec.get("rank")
-    system = result["system"]
+    system = f"{result['system']} {time.monotonic() - result['_t0']:5.1f}s"
     if kind == "meta":
         result["meta"] = rec
     elif kind == "size":
@@ -303,6 +307,32 @@ def handle_record(result, rec):
         result.setdefault("_done", set()).add(rank)
 
 
+def merge_rounds(runs):
+    """One result per system from its rounds: for every size (and gradient variant) the round
+    whose rank-0 median is lowest; a wrong result or an error in any round is kept."""
+    merged = {"system": runs[0]["system"], "meta": {}, "sizes": {}, "grad": {}, "errors": [],
+              "skipped": runs[0].get("skipped"), "wall_s": sum(r["wall_s"] or 0 for r in runs),
+              "rounds": len(runs), "round_medians": {"sizes": {}, "grad": {}}}
+    for i, run in enumerate(runs):
+        merged["meta"] = merged["meta"] or run["meta"]
+        merged["errors"] += [f"round {i + 1}: {e}" if len(runs) > 1 else e
+                             for e in run["errors"]]
+    for section in ("sizes", "grad"):
+        keys = sorted({k for run in runs for k in run[section]}, key=str)
+        for key in keys:
+            tables = [run[section][key] for run in runs if key in run[section]]
+            wrong = [t for t in tables if not all(r.get("correct") for r in t.values())]
+            with_rank0 = [t for t in tables if 0 in t]
+            if wrong:
+                merged[section][key] = wrong[0]
+            elif with_rank0:
+                merged[section][key] = min(with_rank0, key=lambda t: t[0]["median_s"])
+            else:
+                merged[section][key] = tables[0]
+            merged["round_medians"][section][key] = [t[0]["median_s"] for t in with_rank0]
+    return merged
+
+
 # ---------------------------------------------------------------------------------------------
 # Report
 
@@ -328,7 +358,7 @@ def fmt_bw(gbs):
         return f"{gbs:.0f}"
     if gbs >= 0.01:
         return f"{gbs:.2f}"
-    return f"{gbs:.4f}"
+    return f"{gbs:.1e}"
 
 
 def fmt_ratio(r):
@@ -347,11 +377,14 @@ def usable(result, key, variant=None):
     return table[0]
 
 
-def cell_missing(result):
+def cell_missing(result, key=None, variant=None):
     if result is None:
         return "-"
     if result.get("skipped"):
         return "skip"
+    table = result["grad"].get(variant) if variant else result["sizes"].get(key)
+    if table and not all(r.get("correct") for r in table.values()):
+        return "WRONG"
     return "FAIL"
 
 
@@ -374,6 +407,9 @@ def report(results, plan, args, started):
     out = []
     out.append(f"Allreduce benchmark, {NP} processes on one host, float32, "
                f"{started:%Y-%m-%d %H:%M}, {host_description()}")
+    rounds = max((r.get("rounds", 1) for r in results.values()), default=1)
+    out.append(f"Each system ran alone, {rounds} round(s) interleaved; per size the best round's "
+               "numbers." if rounds > 1 else "Each system ran alone, one round.")
     out.append("Latency = rank 0's median time per op; busbw = bytes/latency*2(n-1)/n; "
                "ratios: busbw ours/theirs (>1: we are faster), latency ours/theirs (<1: faster).")
     for s in systems:
@@ -404,10 +440,10 @@ def report(results, plan, args, started):
     for nbytes, _, reps in plan["sizes"]:
         recs = {s: usable(results[s], nbytes) for s in systems}
         row = [fmt_size(nbytes), str(reps)]
-        row += [fmt_us(recs[s]["median_s"]) if recs[s] else cell_missing(results[s])
+        row += [fmt_us(recs[s]["median_s"]) if recs[s] else cell_missing(results[s], nbytes)
                 for s in systems]
         row += [fmt_bw(busbw(nbytes, recs[s]["median_s"])) if recs[s]
-                else cell_missing(results[s]) for s in systems]
+                else cell_missing(results[s], nbytes) for s in systems]
         for _, other, kind in ratio_cols:
             a, b = recs.get("spark_hvd"), recs.get(other)
             if not (a and b):
@@ -419,7 +455,6 @@ def report(results, plan, args, started):
         rows.append(row)
     out.append(table(headers, rows, ["l"] + ["r"] * (len(headers) - 1)))
 
-    grad_ratio = None
     if plan.get("grad"):
         g = plan["grad"]
         out.append("")
@@ -427,8 +462,8 @@ def report(results, plan, args, started):
                    f"median step time over {g['steps']} steps "
                    f"({g['sync_steps']} for gloo one by one) after warm-up")
         rows = []
-        mpi_rec = usable(mpi, None, "async") if mpi else None
-        gloo_rec = usable(gloo, None, "async") if gloo else None
+        mpi_rec = usable(mpi, None, "async")
+        gloo_rec = usable(gloo, None, "async")
         variants = [("spark_hvd", "async", "allreduce_async_ x N + synchronize"),
                     ("mpi", "async", "Iallreduce x N + Waitall"),
                     ("gloo", "async", "all_reduce(async_op=True) x N + wait"),
@@ -438,7 +473,7 @@ def report(results, plan, args, started):
                 continue
             rec = usable(results[s], None, variant)
             if rec is None:
-                rows.append([LABEL[s], how, cell_missing(results[s]), "-", "-", "-", "-"])
+                rows.append([LABEL[s], how, cell_missing(results[s], None, variant), "-", "-", "-", "-"])
                 continue
             t = rec["median_s"]
             rows.append([LABEL[s], how, f"{t * 1e3:.3f}",
@@ -448,9 +483,6 @@ def report(results, plan, args, started):
                          fmt_ratio(t / gloo_rec["median_s"]) if gloo_rec else "-"])
         out.append(table(["system", "how", "step ms", "p10–p90 ms", "µs/tensor",
                           "vs MPI", "vs gloo async"], rows, ["l", "l", "r", "r", "r", "r", "r"]))
-        h = usable(hvd, None, "async") if hvd else None
-        if h and mpi_rec:
-            grad_ratio = h["median_s"] / mpi_rec["median_s"]
 
     # Targets
     out.append("")
@@ -462,37 +494,46 @@ def report(results, plan, args, started):
         verdicts.append(word)
         out.append(f"  {word}  {text}")
 
+    def compare(label, ours, theirs, other, passes, describe):
+        """ours/theirs: rank-0 records or None. A missing spark_hvd result is a FAIL (it
+        should have run); a missing reference is a SKIP."""
+        if ours is None:
+            verdict(False if hvd is not None else None, f"{label}: no spark_hvd result")
+        elif theirs is None:
+            why = results[other]["skipped"] if results.get(other) and \
+                results[other].get("skipped") else "not measured"
+            verdict(None, f"{label}: {LABEL[other]} {why}")
+        else:
+            ok, text = passes(ours["median_s"], theirs["median_s"]), describe(ours, theirs)
+            verdict(ok, f"{label}: {text}")
+
     big = [n for n, _, _ in plan["sizes"] if n >= TARGET_BIG_BYTES]
     if not big:
         verdict(None, f"busbw at >= {fmt_size(TARGET_BIG_BYTES)}: no such size in this run")
     for nbytes in big:
-        a = usable(hvd, nbytes) if hvd else None
         for other, target in (("gloo", TARGET_BW_VS_GLOO), ("mpi", TARGET_BW_VS_MPI)):
-            b = usable(results.get(other), nbytes) if results.get(other) else None
-            label = f"{fmt_size(nbytes):>7} busbw >= {target:g}x {LABEL[other]}"
-            if not (a and b):
-                verdict(None, f"{label}: not measured")
-            else:
-                r = b["median_s"] / a["median_s"]
-                verdict(r >= target, f"{label}: {r:.2f}x "
-                        f"({fmt_bw(busbw(nbytes, a['median_s']))} vs "
-                        f"{fmt_bw(busbw(nbytes, b['median_s']))} GB/s)")
-    label = f"{fmt_size(TARGET_SMALL_BYTES):>7} latency <= {TARGET_LAT_VS_GLOO:g}x gloo"
-    a = usable(hvd, TARGET_SMALL_BYTES) if hvd else None
-    b = usable(gloo, TARGET_SMALL_BYTES) if gloo else None
-    if a and b:
-        r = a["median_s"] / b["median_s"]
-        verdict(r <= TARGET_LAT_VS_GLOO, f"{label}: {r:.3f}x "
+            compare(f"{fmt_size(nbytes):>7} busbw >= {target:g}x {LABEL[other]}",
+                    usable(hvd, nbytes), usable(results.get(other), nbytes), other,
+                    lambda a, b, t=target: b / a >= t,
+                    lambda a, b, n=nbytes: f"{b['median_s'] / a['median_s']:.2f}x "
+                    f"({fmt_bw(busbw(n, a['median_s']))} vs "
+                    f"{fmt_bw(busbw(n, b['median_s']))} GB/s)")
+    if TARGET_SMALL_BYTES in [n for n, _, _ in plan["sizes"]]:
+        compare(f"{fmt_size(TARGET_SMALL_BYTES):>7} latency <= {TARGET_LAT_VS_GLOO:g}x gloo",
+                usable(hvd, TARGET_SMALL_BYTES), usable(gloo, TARGET_SMALL_BYTES), "gloo",
+                lambda a, b: a / b <= TARGET_LAT_VS_GLOO,
+                lambda a, b: f"{a['median_s'] / b['median_s']:.3f}x "
                 f"({fmt_us(a['median_s'])} vs {fmt_us(b['median_s'])} µs)")
     else:
-        verdict(None, f"{label}: not measured")
-    label = f"gradient set step <= {TARGET_GRAD_VS_MPI:g}x MPI Iallreduce+Waitall"
-    if grad_ratio is not None:
-        verdict(grad_ratio <= TARGET_GRAD_VS_MPI, f"{label}: {grad_ratio:.2f}x "
-                f"({usable(hvd, None, 'async')['median_s'] * 1e3:.3f} vs "
-                f"{usable(mpi, None, 'async')['median_s'] * 1e3:.3f} ms)")
+        verdict(None, f"latency at {fmt_size(TARGET_SMALL_BYTES)}: not in this run's sizes")
+    if plan.get("grad"):
+        compare(f"gradient set step <= {TARGET_GRAD_VS_MPI:g}x MPI Iallreduce+Waitall",
+                usable(hvd, None, "async"), usable(mpi, None, "async"), "mpi",
+                lambda a, b: a / b <= TARGET_GRAD_VS_MPI,
+                lambda a, b: f"{a['median_s'] / b['median_s']:.2f}x "
+                f"({a['median_s'] * 1e3:.3f} vs {b['median_s'] * 1e3:.3f} ms)")
     else:
-        verdict(None, f"{label}: not measured")
+        verdict(None, "gradient set: not run (--grad-tensors 0)")
     out.append(f"  => {verdicts.count('PASS')} PASS, {verdicts.count('FAIL')} FAIL, "
                f"{verdicts.count('SKIP')} SKIP")
     return "\n".join(out), verdicts
@@ -522,6 +563,9 @@ def main(argv=None):
                                        "stdout (Markdown).")
     p.add_argument("--quick", action="store_true",
                    help="a tenth of the repetitions, fewer gradient-set steps (~1 minute)")
+    p.add_argument("--rounds", type=int, default=0,
+                   help="run every system this many times, interleaved, and keep each size's "
+                        "best round (default 3, 2 with --quick)")
     p.add_argument("--reps", type=int, default=0,
                    help="the same number of timed repetitions at every size "
                         "(default: 2000 up to 16 KiB falling to 10 at 256 MiB)")
@@ -557,14 +601,16 @@ def main(argv=None):
 
     args.sizes = sorted(set(x for group in args.sizes for x in group)) if args.sizes \
         else list(DEFAULT_SIZES)
+    if not args.rounds:
+        args.rounds = 2 if args.quick else 3
     if not args.timeout:
         args.timeout = 120 if args.quick else 420
     systems = [s.strip() for s in args.systems.split(",") if s.strip()]
     unknown = [s for s in systems if s not in SYSTEM_ORDER]
     if unknown or not systems:
         p.error(f"--systems: unknown {unknown}; choose from {','.join(SYSTEM_ORDER)}")
-    if args.reps < 0 or args.rep_scale <= 0:
-        p.error("--reps and --rep-scale must be positive")
+    if args.reps < 0 or args.rep_scale <= 0 or args.rounds < 1:
+        p.error("--reps, --rep-scale and --rounds must be positive")
 
     plan = build_plan(args)
     started = datetime.datetime.now()
@@ -573,10 +619,16 @@ def main(argv=None):
         f"systems {', '.join(systems)}" +
         (f", gradient set {plan['grad']['tensors']} x {fmt_size(plan['grad']['elems'] * 4)}"
          if plan["grad"] else ""))
-    results = {}
-    for s in SYSTEM_ORDER:
-        if s in systems:
-            results[s] = run_system(s, plan, args)
+    rounds = {s: [] for s in systems}
+    order = [s for s in SYSTEM_ORDER if s in systems]
+    for rnd in range(args.rounds):
+        if args.rounds > 1:
+            log(f"--- round {rnd + 1} of {args.rounds}")
+        for s in order[rnd % len(order):] + order[:rnd % len(order)]:  # rotate the order
+            if rounds[s] and rounds[s][0].get("skipped"):
+                continue
+            rounds[s].append(run_system(s, plan, args))
+    results = {s: merge_rounds(rounds[s]) for s in order}
     text, verdicts = report(results, plan, args, started)
     print()
     print(text, flush=True)
@@ -584,7 +636,8 @@ def main(argv=None):
         with open(args.json, "w") as f:
             json.dump({"started": started.isoformat(timespec="seconds"),
                        "host": host_description(), "plan": plan,
-                       "results": results, "verdicts": verdicts}, f, indent=1,
+                       "results": results, "rounds": rounds, "verdicts": verdicts},
+                      f, indent=1,
                       default=lambda o: sorted(o) if isinstance(o, set) else str(o))
         log(f"records written to {args.json}")
     failed = [s for s, r in results.items() if r["errors"]]

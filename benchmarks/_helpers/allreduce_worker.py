@@ -25,7 +25,10 @@ CHECK_BASE = 1000.0  # rank r contributes pattern + r * CHECK_BASE (exact in flo
 
 
 def emit(**record):
-    print(MARK + json.dumps(record), flush=True)
+    # One write call per line: under mpirun both ranks share the forwarded stdout, and separate
+    # writes for the text and its newline (print under PYTHONUNBUFFERED) can interleave.
+    sys.stdout.write(MARK + json.dumps(record) + "\n")
+    sys.stdout.flush()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -147,7 +150,7 @@ class Mpi:
 
     def meta(self):
         import mpi4py
-        lib = self.MPI.Get_library_version().strip().splitlines()[0]
+        lib = self.MPI.Get_library_version().replace("\x00", "").strip().splitlines()[0]
         return {"version": f"mpi4py {mpi4py.__version__}; {lib}"}
 
     def barrier(self):
@@ -258,7 +261,8 @@ def main(argv=None):
         print("this is a helper of benchmarks/allreduce.py; run that instead")
         return 0
     plan = json.loads(args.plan)
-    rank = "?"
+    rank = os.environ.get("SPARK_HVD_RANK", os.environ.get("OMPI_COMM_WORLD_RANK"))
+    rank = int(rank) if rank is not None else (args.rank if args.system == "gloo" else "?")
     try:
         system = SYSTEMS[args.system](args)
         rank = system.rank

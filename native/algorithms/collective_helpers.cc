@@ -67,7 +67,7 @@ void allreduce(const Communicator& comm, void* buf, size_t count, DataType dtype
                Scratch& scratch, size_t ring_threshold_bytes) {
   if (comm.size <= 1 || count == 0) return;
   if (comm.shm_group) {
-    comm.shm_group->allreduce(comm, buf, count, dtype, op);
+    comm.shm_group->allreduce(comm, {{buf, buf, count}}, dtype, op, 1.0);
     return;
   }
   if (count * dtype_size(dtype) <= ring_threshold_bytes || count < (size_t)comm.size) {

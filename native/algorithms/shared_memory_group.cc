@@ -133,13 +133,54 @@ void SharedMemoryGroup::wait_all(const Communicator& comm, int which, uint64_t t
   }
 }
 
-void SharedMemoryGroup::allreduce(const Communicator& comm, void* buf, size_t count,
-                                  DataType dtype, ReduceOp op) {
+namespace {
+
+// The fused tensors seen as one logical array of bytes.
+class SegmentedBuffer {
+ public:
+  SegmentedBuffer(const std::vector<SharedMemoryGroup::Segment>& segments, size_t esize)
+      : segments_(segments), esize_(esize) {
+    size_t pos = 0;
+    for (const auto& s : segments) {
+      starts_.push_back(pos);
+      pos += s.count * esize;
+    }
+    starts_.push_back(pos);
+  }
+  size_t bytes() const { return starts_.back(); }
+
+  // Calls fn(in, out, length, offset_within_range) for each piece of [pos, pos + len).
+  template <typename F>
+  void for_range(size_t pos, size_t len, F fn) const {
+    size_t i = std::upper_bound(starts_.begin(), starts_.end(), pos) - starts_.begin() - 1;
+    size_t done = 0;
+    while (done < len) {
+      const size_t off = pos + done - starts_[i];
+      const size_t n = std::min(len - done, starts_[i + 1] - starts_[i] - off);
+      if (n > 0)
+        fn(static_cast<const uint8_t*>(segments_[i].in) + off,
+           static_cast<uint8_t*>(segments_[i].out) + off, n, done);
+      done += n;
+      ++i;
+    }
+  }
+
+ private:
+  const std::vector<SharedMemoryGroup::Segment>& segments_;
+  size_t esize_;
+  std::vector<size_t> starts_;
+};
+
+}  // namespace
+
+void SharedMemoryGroup::allreduce(const Communicator& comm, const std::vector<Segment>& segments,
+                                  DataType dtype, ReduceOp op, double scale) {
   const int n = members_, me = comm.rank;
   const size_t esize = dtype_size(dtype);
+  const SegmentedBuffer data(segments, esize);
+  const size_t count = data.bytes() / esize;
   // Chunk and slice boundaries fall on element boundaries.
   const size_t chunk_elems = std::max<size_t>(n, chunk_bytes_ / esize / n * n);
-  auto* data = static_cast<uint8_t*>(buf);
   auto* ctl = static_cast<Control*>(base_);
   Counter* mine = ctl[me].seq;
 
@@ -147,34 +188,46 @@ void SharedMemoryGroup::allreduce(const Communicator& comm, void* buf, size_t co
     const size_t elems = std::min(chunk_elems, count - first);
     const uint64_t seq = ++chunks_done_;
     const int b = int(seq & 1);
-    uint8_t* chunk = data + first * esize;
-    // Slice i of this chunk: [lo(i), lo(i+1)) elements.
+    // Slice i of this chunk: elements [lo(i), lo(i+1)) counted from `first`.
     auto lo = [&](int i) { return elems * size_t(i) / n; };
+    auto slice_pos = [&](int i) { return (first + lo(i)) * esize; };
+    auto slice_bytes = [&](int i) { return (lo(i + 1) - lo(i)) * esize; };
 
-    // The buffer we are about to overwrite was last used two chunks ago.
+    // 1. copy-in. The buffer we overwrite was last used two chunks ago.
     if (seq > 2) wait_all(comm, kDone, seq - 2);
-    for (int i = 0; i < n; ++i)
-      if (i != me)
-        std::memcpy(slot(me, b) + lo(i) * esize, chunk + lo(i) * esize, (lo(i + 1) - lo(i)) * esize);
+    for (int i = 0; i < n; ++i) {
+      if (i == me) continue;
+      uint8_t* dst = slot(me, b) + lo(i) * esize;
+      data.for_range(slice_pos(i), slice_bytes(i), [&](const uint8_t* in, uint8_t*, size_t len,
+                                                       size_t at) { std::memcpy(dst + at, in, len); });
+    }
     mine[kIn].value.store(seq, std::memory_order_release);
 
+    // 2. reduce my slice in member order (mine straight from my tensors) into the result.
     wait_all(comm, kIn, seq);
-    const size_t off = lo(me) * esize, len = lo(me + 1) - lo(me);
-    uint8_t* out = result(b) + off;
-    auto member_data = [&](int m) -> const uint8_t* {
-      return m == me ? chunk + off : slot(m, b) + off;
-    };
-    if (len) {
-      reduce_out(out, member_data(0), member_data(1), len, dtype, op);
-      for (int m = 2; m < n; ++m) reduce_into(out, member_data(m), len, dtype, op);
-    }
+    uint8_t* out = result(b) + lo(me) * esize;
+    data.for_range(slice_pos(me), slice_bytes(me), [&](const uint8_t* in, uint8_t*, size_t len,
+                                                       size_t at) {
+      auto src = [&](int m) -> const uint8_t* {
+        return m == me ? in : slot(m, b) + lo(me) * esize + at;
+      };
+      const size_t k = len / esize;
+      reduce_out(out + at, src(0), src(1), k, dtype, op);
+      for (int m = 2; m < n; ++m) reduce_into(out + at, src(m), k, dtype, op);
+    });
+    if (scale != 1.0 && slice_bytes(me)) scale_buffer(out, slice_bytes(me) / esize, dtype, scale);
     mine[kReduced].value.store(seq, std::memory_order_release);
+    data.for_range(slice_pos(me), slice_bytes(me), [&](const uint8_t*, uint8_t* dst, size_t len,
+                                                       size_t at) { std::memcpy(dst, out + at, len); });
 
-    if (len) std::memcpy(chunk + off, out, len * esize);
+    // 3. copy-out everybody else's slices.
     wait_all(comm, kReduced, seq);
-    for (int i = 0; i < n; ++i)
-      if (i != me)
-        std::memcpy(chunk + lo(i) * esize, result(b) + lo(i) * esize, (lo(i + 1) - lo(i)) * esize);
+    for (int i = 0; i < n; ++i) {
+      if (i == me) continue;
+      const uint8_t* src = result(b) + lo(i) * esize;
+      data.for_range(slice_pos(i), slice_bytes(i), [&](const uint8_t*, uint8_t* dst, size_t len,
+                                                       size_t at) { std::memcpy(dst, src + at, len); });
+    }
     mine[kDone].value.store(seq, std::memory_order_release);
   }
 }

@@ -17,6 +17,7 @@
 #include <cstddef>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "collectives.h"
 
@@ -32,8 +33,18 @@ class SharedMemoryGroup {
                                                    const std::string& job_id);
   ~SharedMemoryGroup();
 
-  void allreduce(const Communicator& comm, void* buf, size_t count, DataType dtype,
-                 ReduceOp op);
+  // One tensor of a fused response: read from `in`, result written to `out` (may alias).
+  struct Segment {
+    const void* in;
+    void* out;
+    size_t count;
+  };
+
+  // Allreduce of the concatenation of `segments` without packing them into a fusion buffer:
+  // copy-in reads straight from each tensor and copy-out writes straight to it. The reduced
+  // values are multiplied by `scale` (Average, postscale) before anyone copies them out.
+  void allreduce(const Communicator& comm, const std::vector<Segment>& segments,
+                 DataType dtype, ReduceOp op, double scale);
 
   struct Control;  // per-member progress counters at the start of the segment
 

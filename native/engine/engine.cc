@@ -2,6 +2,8 @@
 
 #include <poll.h>
 #include <sys/eventfd.h>
+#include <sys/prctl.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -20,7 +22,11 @@ Engine::Engine(EngineOptions options, Mesh mesh, bool shared_memory)
     coordinator_ = std::make_unique<Coordinator>(options_.size, &sets_, options_.coordinator);
   wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   global_abort().reset();
-  thread_ = std::thread([this] { loop(); });
+  thread_ = std::thread([this] {
+    // Short sleeps must be short: the default 50 us timer slack would stretch them.
+    prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);
+    loop();
+  });
 }
 
 Engine::~Engine() {
@@ -146,6 +152,14 @@ void Engine::loop() {
 }
 
 void Engine::wait_for_work() {
+  if (!unsent_.requests.empty() || !unsent_.cached.empty()) {
+    // A burst is being batched: give the submitting thread the core for a moment; the caller
+    // sends the batch if nothing new arrived meanwhile.
+    timespec ts{0, 15000};
+    nanosleep(&ts, nullptr);
+    work_pending_.store(false);
+    return;
+  }
   std::vector<pollfd> fds;
   fds.push_back({wake_fd_, POLLIN, 0});
   for (auto& link : mesh_.control)
@@ -194,8 +208,10 @@ std::vector<Entry> Engine::take_queue() {
 // Moves new local entries into the table and turns them into requests (cached ids where the
 // same request was answered before).
 void Engine::submit(std::vector<Entry> entries) {
-  RequestBatch batch;
+  RequestBatch& batch = unsent_;
   batch.rank = options_.rank;
+  if (!entries.empty() && batch.requests.empty() && batch.cached.empty())
+    unsent_since_ = Clock::now();
   for (Entry& e : entries) {
     const Request& req = e.request;
     if (timeline_.active()) timeline_.begin(req.name, "NEGOTIATE");
@@ -215,9 +231,27 @@ void Engine::submit(std::vector<Entry> entries) {
     batch.shutdown = true;
     shutdown_sent_ = true;
   }
+  flush_requests(entries.empty());
+}
+
+// Sends the unsent requests unless we are in the middle of a burst (see unsent_).
+void Engine::flush_requests(bool quiet) {
+  RequestBatch& batch = unsent_;
   if (batch.requests.empty() && batch.cached.empty() && !batch.shutdown) return;
-  if (options_.rank == 0) coordinator_->add_batch(batch);
-  else send_frame(mesh_.control[0].get(), encode(batch));
+  if (options_.rank == 0) {
+    coordinator_->add_batch(batch);
+  } else {
+    const auto now = Clock::now();
+    const auto max_delay =
+        std::chrono::microseconds(int64_t(options_.coordinator.cycle_time_ms * 1000));
+    const bool after_pause = now - last_sent_ > std::chrono::microseconds(50);
+    if (!(quiet || after_pause || batch.shutdown || handles_.waiters() > 0 ||
+          now - unsent_since_ >= max_delay))
+      return;
+    send_frame(mesh_.control[0].get(), encode(batch));
+    last_sent_ = now;
+  }
+  batch = RequestBatch();
 }
 
 void Engine::run_coordinator() {

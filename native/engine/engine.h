@@ -75,6 +75,7 @@ class Engine {
   void wait_for_work();
   std::vector<Entry> take_queue();
   void submit(std::vector<Entry> entries);
+  void flush_requests(bool quiet);
   void run_coordinator();
   void run_worker();
   void execute(const Response& response);
@@ -121,6 +122,12 @@ class Engine {
   std::unordered_map<std::string, Entry> table_;  // negotiating or waiting to execute
   std::unordered_map<std::string, std::pair<uint32_t, Request>> cache_;  // response cache
   Clock::time_point last_activity_{};
+  // Worker side batching of requests during a burst of submissions (a step's gradients):
+  // the first request after a pause goes out at once (latency), the rest of the burst is sent
+  // together once the submitting thread goes quiet, somebody waits, or the batch gets old.
+  RequestBatch unsent_;
+  Clock::time_point unsent_since_{};
+  Clock::time_point last_sent_{};
   bool shutdown_sent_ = false;
   bool finished_ = false;
   std::thread thread_;

@@ -62,6 +62,19 @@ void Engine::run_allreduce(const Response& r, std::vector<Entry*>& entries,
     if (post != 1.0) scale_buffer(buf, total, r.dtype, post);
   };
 
+  // Shared-memory fast path: the group reads each tensor and writes each result directly, so
+  // fused responses skip the fusion-buffer copies and averaging costs no extra pass.
+  bool direct = comm.shm_group && r.prescale == 1.0;
+  for (Entry* e : entries) direct = direct && e;
+  if (direct) {
+    std::vector<SharedMemoryGroup::Segment> segments;
+    for (size_t i = 0; i < entries.size(); ++i)
+      segments.push_back({entries[i]->input, entries[i]->output, counts[i]});
+    phase(timeline_, r.names, "ALLREDUCE", [&] {
+      comm.shm_group->allreduce(comm, segments, r.dtype, r.reduce_op, post);
+    });
+    return;
+  }
   if (entries.size() == 1 && entries[0]) {
     // A lone tensor is reduced in its output buffer: no fusion copies.
     Entry& e = *entries[0];

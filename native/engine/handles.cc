@@ -36,14 +36,17 @@ void HandleTable::wake_waiters() {
 }
 
 void HandleTable::wait(const std::shared_ptr<HandleState>& state) {
+  if (state->done.load(std::memory_order_acquire)) return;
+  waiters_.fetch_add(1);
   // Spin briefly (yielding, so the engine thread gets the core on a small machine) before
   // sleeping on the condition variable.
-  for (int i = 0; i < 200; ++i) {
-    if (state->done.load(std::memory_order_acquire)) return;
+  for (int i = 0; i < 200 && !state->done.load(std::memory_order_acquire); ++i)
     std::this_thread::yield();
+  if (!state->done.load(std::memory_order_acquire)) {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return state->done.load(std::memory_order_acquire); });
   }
-  std::unique_lock<std::mutex> lock(mu_);
-  cv_.wait(lock, [&] { return state->done.load(std::memory_order_acquire); });
+  waiters_.fetch_sub(1);
 }
 
 void HandleTable::clear() {

@@ -31,6 +31,9 @@ class HandleTable {
   // wake_waiters() once (one futex wake instead of one per tensor).
   void mark_done(const std::shared_ptr<HandleState>& state);
   void wake_waiters();
+  // Threads currently blocked in wait(): the engine sends batched requests at once when
+  // somebody is waiting for a result.
+  int waiters() const { return waiters_.load(std::memory_order_relaxed); }
   void wait(const std::shared_ptr<HandleState>& state);
   void clear();
 
@@ -39,6 +42,7 @@ class HandleTable {
   std::condition_variable cv_;
   std::unordered_map<int64_t, std::shared_ptr<HandleState>> handles_;
   int64_t next_ = 1;
+  std::atomic<int> waiters_{0};
 };
 
 }  // namespace shvd

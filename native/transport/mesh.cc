@@ -50,6 +50,7 @@ constexpr char kAcceptTag[] = "spark_hvd-accept";
 constexpr auto kHandshakeTimeout = std::chrono::seconds(2);
 constexpr auto kRetryDelay = std::chrono::milliseconds(100);
 constexpr size_t kMaxPendingIncoming = 256;
+constexpr int kMaxRejectionLogs = 5;
 
 std::string sys_error(const char* what) { return std::string(what) + ": " + strerror(errno); }
 
@@ -102,6 +103,7 @@ struct Conn {
   enum Step { kConnecting, kAwaitNonce, kAwaitReply, kAwaitHello, kSendReply };
   int fd = -1;
   bool outgoing = false;
+  int target = -1;  // outgoing: index into MeshBuilder::outgoing_
   Step step = kConnecting;
   int peer_rank = -1;
   int peer_pid = 0;
@@ -126,11 +128,8 @@ class MeshBuilder {
     data_fd_.assign(o.size, -1);
     control_fd_.assign(o.size, -1);
     peer_pid_.assign(o.size, 0);
-    for (int q = 0; q < o.rank; ++q) outgoing_.push_back({q, kPurposeData});
-    if (o.rank > 0) outgoing_.push_back({0, kPurposeControl});
-    retry_at_.assign(outgoing_.size(), start_);
-    active_.assign(outgoing_.size(), false);
-    done_out_.assign(outgoing_.size(), false);
+    for (int q = 0; q < o.rank; ++q) outgoing_.push_back({q, kPurposeData, start_});
+    if (o.rank > 0) outgoing_.push_back({0, kPurposeControl, start_});
   }
 
   ~MeshBuilder() {
@@ -155,9 +154,13 @@ class MeshBuilder {
   }
 
  private:
+  // A connection this rank must make (data to a lower rank, control to rank 0).
   struct Target {
     int rank;
     uint8_t purpose;
+    Clock::time_point retry_at;
+    bool active = false;  // a Conn for it is in flight
+    bool done = false;
   };
 
   // ---- phase 1: TCP connections ------------------------------------------------------------
@@ -171,7 +174,7 @@ class MeshBuilder {
   }
 
   bool outgoing_complete() const {
-    return std::all_of(done_out_.begin(), done_out_.end(), [](bool b) { return b; });
+    return std::all_of(outgoing_.begin(), outgoing_.end(), [](const Target& t) { return t.done; });
   }
 
   void connect_all() {
@@ -180,7 +183,8 @@ class MeshBuilder {
       auto now = Clock::now();
       if (now >= deadline_) throw_timeout();
       for (size_t i = 0; i < outgoing_.size(); ++i) {
-        if (!done_out_[i] && !active_[i] && now >= retry_at_[i]) start_connect(i);
+        const Target& t = outgoing_[i];
+        if (!t.done && !t.active && now >= t.retry_at) start_connect(i);
       }
       expire_handshakes(now);
 
@@ -212,7 +216,7 @@ class MeshBuilder {
   }
 
   void start_connect(size_t i) {
-    const Target& t = outgoing_[i];
+    Target& t = outgoing_[i];
     const PeerAddress& pa = o_.peers.at(t.rank);
     addrinfo hints{};
     hints.ai_family = AF_UNSPEC;
@@ -222,7 +226,7 @@ class MeshBuilder {
     int gai = ::getaddrinfo(pa.host.c_str(), port.c_str(), &hints, &res);
     if (gai != 0 || !res) {
       last_error_[t.rank] = "cannot resolve " + pa.host + ": " + gai_strerror(gai);
-      retry_at_[i] = Clock::now() + kRetryDelay;
+      t.retry_at = Clock::now() + kRetryDelay;
       return;
     }
     int fd = ::socket(res->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
@@ -236,18 +240,19 @@ class MeshBuilder {
     if (rc != 0 && errno != EINPROGRESS) {
       last_error_[t.rank] = sys_error(("connect to " + pa.host + ":" + port).c_str());
       ::close(fd);
-      retry_at_[i] = Clock::now() + kRetryDelay;
+      t.retry_at = Clock::now() + kRetryDelay;
       return;
     }
     Conn c;
     c.fd = fd;
     c.outgoing = true;
+    c.target = static_cast<int>(i);
     c.step = Conn::kConnecting;
     c.peer_rank = t.rank;
     c.purpose = t.purpose;
     c.peer_desc = pa.host + ":" + port;
     conns_.push_back(std::move(c));
-    active_[i] = true;
+    t.active = true;
   }
 
   void accept_pending() {
@@ -394,32 +399,25 @@ class MeshBuilder {
     slots[c.peer_rank] = c.fd;
     if (!c.outgoing) peer_pid_[c.peer_rank] = c.peer_pid;
     c.fd = -1;
-    if (c.outgoing) {
-      for (size_t i = 0; i < outgoing_.size(); ++i) {
-        if (outgoing_[i].rank == c.peer_rank && outgoing_[i].purpose == c.purpose) {
-          done_out_[i] = true;
-          active_[i] = false;
-        }
-      }
-    }
+    if (c.outgoing) outgoing_[c.target].done = true;
   }
 
   void fail(Conn& c, const std::string& why) {
     ::close(c.fd);
     c.fd = -1;
     if (!c.outgoing) {
-      // Strangers and broken peers are dropped; accepting carries on.
-      std::fprintf(stderr, "spark_hvd: rejected an unauthenticated connection from %s (%s)\n",
-                   c.peer_desc.c_str(), why.c_str());
+      // Strangers and broken peers are dropped; accepting carries on. A misconfigured rank
+      // retries every 100 ms, so only the first few rejections are logged.
+      if (++rejected_ <= kMaxRejectionLogs) {
+        std::fprintf(stderr, "spark_hvd: rejected an unauthenticated connection from %s (%s)%s\n",
+                     c.peer_desc.c_str(), why.c_str(),
+                     rejected_ == kMaxRejectionLogs ? "; not logging further rejections" : "");
+      }
       return;
     }
     last_error_[c.peer_rank] = why;
-    for (size_t i = 0; i < outgoing_.size(); ++i) {
-      if (outgoing_[i].rank == c.peer_rank && outgoing_[i].purpose == c.purpose) {
-        active_[i] = false;
-        retry_at_[i] = Clock::now() + kRetryDelay;
-      }
-    }
+    outgoing_[c.target].active = false;
+    outgoing_[c.target].retry_at = Clock::now() + kRetryDelay;
   }
 
   void expire_handshakes(Clock::time_point now) {
@@ -433,7 +431,7 @@ class MeshBuilder {
 
   [[noreturn]] void throw_timeout() {
     std::set<int> missing;
-    for (size_t i = 0; i < outgoing_.size(); ++i) if (!done_out_[i]) missing.insert(outgoing_[i].rank);
+    for (const Target& t : outgoing_) if (!t.done) missing.insert(t.rank);
     for (int q = o_.rank + 1; q < o_.size; ++q) if (data_fd_[q] < 0) missing.insert(q);
     if (o_.rank == 0) {
       for (int q = 1; q < o_.size; ++q) if (control_fd_[q] < 0) missing.insert(q);
@@ -560,11 +558,10 @@ class MeshBuilder {
   const MeshOptions& o_;
   Clock::time_point start_, deadline_;
   std::vector<Target> outgoing_;
-  std::vector<Clock::time_point> retry_at_;
-  std::vector<bool> active_, done_out_;
   std::vector<Conn> conns_;
   std::vector<int> data_fd_, control_fd_, peer_pid_;
   std::map<int, std::string> last_error_;
+  int rejected_ = 0;
 };
 
 }  // namespace
