@@ -65,10 +65,15 @@ def _env_flags(name: str) -> list[str]:
     return shlex.split(os.environ.get(name, ""))
 
 
+# Standalone test programs (with their own main) live here and are built by their tests.
+EXCLUDED_DIRS = ("tests",)
+
+
 def _sources(src_dir: Path) -> list[Path]:
     if not src_dir.is_dir():
         return []
-    return sorted(p for p in src_dir.rglob("*.cc") if p.is_file())
+    return sorted(p for p in src_dir.rglob("*.cc")
+                  if p.is_file() and p.relative_to(src_dir).parts[0] not in EXCLUDED_DIRS)
 
 
 def _newest_header_mtime(src_dir: Path) -> float:

@@ -82,11 +82,12 @@ def fmt_size(nbytes):
 
 
 def default_reps(nbytes, quick):
-    """2000 repetitions up to 16 KiB, falling to 10 at 256 MiB (a tenth of that with --quick)."""
-    reps = 2000 * min(1.0, (16 * KiB / nbytes) ** 0.55)
+    """1000 repetitions up to 16 KiB, then 1000*sqrt(16 KiB/size): 250 at 256 KiB, 31 at
+    16 MiB, 10 (the floor) at 256 MiB; a tenth of that (at least 3) with --quick."""
+    reps = 1000 * min(1.0, (16 * KiB / nbytes) ** 0.5)
     if quick:
-        return max(3, min(200, round(reps / 10)))
-    return max(10, min(2000, round(reps)))
+        return max(3, min(100, round(reps / 10)))
+    return max(10, min(1000, round(reps)))
 
 
 def build_plan(args):
@@ -203,6 +204,7 @@ def run_system(system, plan, args):
         log(f"[{system}] skipped: {skip}")
         return result
     log(f"[{system}] starting: {' '.join(cmds[0][:cmds[0].index('--plan')])} ...")
+    result["load"] = [loadavg()]
     t0 = result["_t0"] = time.monotonic()
     job = Job(cmds, env)
     tail = collections.deque(maxlen=40)
@@ -254,14 +256,15 @@ def run_system(system, plan, args):
         except subprocess.TimeoutExpired:
             job.kill()
     result["wall_s"] = time.monotonic() - t0
+    result["load"].append(loadavg())
     rcs = [p.returncode for p in job.procs]
     done = result.pop("_done", set())
     result.pop("_t0", None)
     if reason:
         result["errors"].append(reason)
     if any(rc != 0 for rc in rcs) or len(done) < NP:
-        if not result["errors"]:
-            result["errors"].append(f"exit status {rcs}; ranks that finished: {sorted(done)}")
+        result["errors"].append(f"exit status {rcs} (negative: killed by that signal); "
+                                f"ranks that finished: {sorted(done) or 'none'}")
         result["output_tail"] = list(tail)
     if result["errors"]:
         log(f"[{system}] FAILED after {result['wall_s']:.0f} s: {'; '.join(result['errors'])}")
@@ -312,7 +315,8 @@ def merge_rounds(runs):
     whose rank-0 median is lowest; a wrong result or an error in any round is kept."""
     merged = {"system": runs[0]["system"], "meta": {}, "sizes": {}, "grad": {}, "errors": [],
               "skipped": runs[0].get("skipped"), "wall_s": sum(r["wall_s"] or 0 for r in runs),
-              "rounds": len(runs), "round_medians": {"sizes": {}, "grad": {}}}
+              "rounds": len(runs), "round_medians": {"sizes": {}, "grad": {}},
+              "load": [x for r in runs for x in r.get("load", []) if x is not None]}
     for i, run in enumerate(runs):
         merged["meta"] = merged["meta"] or run["meta"]
         merged["errors"] += [f"round {i + 1}: {e}" if len(runs) > 1 else e
@@ -335,6 +339,13 @@ def merge_rounds(runs):
 
 # ---------------------------------------------------------------------------------------------
 # Report
+
+def loadavg():
+    try:
+        return round(os.getloadavg()[0], 2)
+    except (AttributeError, OSError):
+        return None
+
 
 def log(msg):
     print(msg, file=sys.stderr, flush=True)
@@ -410,6 +421,14 @@ def report(results, plan, args, started):
     rounds = max((r.get("rounds", 1) for r in results.values()), default=1)
     out.append(f"Each system ran alone, {rounds} round(s) interleaved; per size the best round's "
                "numbers." if rounds > 1 else "Each system ran alone, one round.")
+    loads = [x for r in results.values() for x in r.get("load", [])]
+    if loads:
+        ncpu = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") \
+            else os.cpu_count()
+        out.append(f"1-minute load average at the start/end of each system's runs: "
+                   f"{min(loads):.1f}–{max(loads):.1f} on {ncpu} cores" +
+                   (" (busy: other processes competed for the CPUs; expect noise)"
+                    if max(loads) > 0.75 * ncpu else ""))
     out.append("Latency = rank 0's median time per op; busbw = bytes/latency*2(n-1)/n; "
                "ratios: busbw ours/theirs (>1: we are faster), latency ours/theirs (<1: faster).")
     for s in systems:
@@ -420,6 +439,8 @@ def report(results, plan, args, started):
             m = r.get("meta") or {}
             extra = f", shared memory {'on' if m.get('shared_memory') else 'OFF'}" \
                 if s == "spark_hvd" and "shared_memory" in m else ""
+            if s == "spark_hvd" and args.source:
+                extra += f", source {args.source}"
             out.append(f"  {LABEL[s]}: {m.get('version', '?')}{extra}"
                        + (f"  [FAILED: {'; '.join(r['errors'])}]" if r["errors"] else ""))
     out.append("")
@@ -497,8 +518,11 @@ def report(results, plan, args, started):
     def compare(label, ours, theirs, other, passes, describe):
         """ours/theirs: rank-0 records or None. A missing spark_hvd result is a FAIL (it
         should have run); a missing reference is a SKIP."""
-        if ours is None:
-            verdict(False if hvd is not None else None, f"{label}: no spark_hvd result")
+        if hvd is None or other not in results:
+            verdict(None, f"{label}: {'spark_hvd' if hvd is None else LABEL[other]} "
+                          f"not in this run")
+        elif ours is None:
+            verdict(False, f"{label}: no spark_hvd result")
         elif theirs is None:
             why = results[other]["skipped"] if results.get(other) and \
                 results[other].get("skipped") else "not measured"
@@ -539,6 +563,16 @@ def report(results, plan, args, started):
     return "\n".join(out), verdicts
 
 
+def source_version():
+    """The checkout's commit (with '-dirty' for uncommitted changes), if this is a git tree."""
+    try:
+        out = subprocess.run(["git", "-C", HERE, "describe", "--always", "--dirty"],
+                             capture_output=True, text=True, timeout=10)
+        return out.stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
 def host_description():
     cpu = platform.processor() or platform.machine()
     try:
@@ -562,13 +596,13 @@ def main(argv=None):
                                 epilog="Progress goes to stderr; the tables and verdicts to "
                                        "stdout (Markdown).")
     p.add_argument("--quick", action="store_true",
-                   help="a tenth of the repetitions, fewer gradient-set steps (~1 minute)")
+                   help="a tenth of the repetitions, 2 rounds, fewer gradient-set steps (about 1 minute)")
     p.add_argument("--rounds", type=int, default=0,
                    help="run every system this many times, interleaved, and keep each size's "
                         "best round (default 3, 2 with --quick)")
     p.add_argument("--reps", type=int, default=0,
                    help="the same number of timed repetitions at every size "
-                        "(default: 2000 up to 16 KiB falling to 10 at 256 MiB)")
+                        "(default: 1000 up to 16 KiB falling to 10 at 256 MiB)")
     p.add_argument("--rep-scale", type=float, default=1.0,
                    help="multiply the default repetition counts")
     p.add_argument("--sizes", type=lambda s: [parse_size(x) for x in s.replace(",", " ").split()],
@@ -613,6 +647,7 @@ def main(argv=None):
         p.error("--reps, --rep-scale and --rounds must be positive")
 
     plan = build_plan(args)
+    args.source = source_version()
     started = datetime.datetime.now()
     log(f"plan: {len(plan['sizes'])} sizes "
         f"({', '.join(f'{fmt_size(n)}x{r}' for n, _, r in plan['sizes'])}), "
@@ -635,7 +670,7 @@ def main(argv=None):
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"started": started.isoformat(timespec="seconds"),
-                       "host": host_description(), "plan": plan,
+                       "host": host_description(), "source": args.source, "plan": plan,
                        "results": results, "rounds": rounds, "verdicts": verdicts},
                       f, indent=1,
                       default=lambda o: sorted(o) if isinstance(o, set) else str(o))

@@ -44,11 +44,13 @@ def _compiler() -> str | None:
 
 
 def _fingerprint(cxx: str) -> str:
+    """Hash of the compiler, flags, the sources and every header they can include."""
+    headers = [*(NATIVE / "common").glob("*.h"), *(NATIVE / "transport").glob("*.h"),
+               NATIVE / "algorithms" / "reduce_kernels.h"]
     h = hashlib.sha256(" ".join([cxx, *FLAGS]).encode())
-    for path in sorted(NATIVE.rglob("*")):
-        if path.suffix in (".cc", ".h") and path.is_file():
-            h.update(str(path.relative_to(NATIVE)).encode())
-            h.update(path.read_bytes())
+    for path in sorted(set(SOURCES) | set(headers)):
+        h.update(str(path.relative_to(NATIVE)).encode())
+        h.update(path.read_bytes())
     return h.hexdigest()[:16]
 
 
@@ -79,8 +81,8 @@ def test_native_transport(transport_test_binary: Path) -> None:
             timeout=RUN_TIMEOUT_S,
         )
     except subprocess.TimeoutExpired as e:
-        out = (e.stdout or b"").decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
-        pytest.fail(f"transport_test did not finish within {RUN_TIMEOUT_S} s:\n{out}")
+        out = e.stdout.decode(errors="replace") if isinstance(e.stdout, bytes) else e.stdout
+        pytest.fail(f"transport_test did not finish within {RUN_TIMEOUT_S} s:\n{out or ''}")
     report = proc.stdout + ("\n--- stderr ---\n" + proc.stderr if proc.stderr else "")
     print(report)  # throughput figures show with pytest -s
     assert proc.returncode == 0, report

@@ -32,7 +32,6 @@ void send_recv_reduce(Link* to, const void* sbuf, size_t sn, Link* from, void* d
   auto* out = static_cast<uint8_t*>(dst);
   const auto* src = static_cast<const uint8_t*>(sbuf);
   size_t sent = 0, received = 0, reduced = 0;
-  Link* both[2] = {to, from};
   int idle_rounds = 0;
   while (sent < sn || reduced < rn) {
     bool progress = false;
@@ -58,7 +57,10 @@ void send_recv_reduce(Link* to, const void* sbuf, size_t sn, Link* from, void* d
     if (progress) {
       idle_rounds = 0;
     } else {
-      wait_for_progress(both, 2, sent < sn, received < rn, idle_rounds++);
+      // Ask each socket only for what is still pending: a receive socket is always writable,
+      // so asking it for POLLOUT would turn the wait into a busy spin.
+      const LinkWait waits[2] = {{to, sent < sn, false}, {from, false, received < rn}};
+      wait_for_progress(waits, 2, idle_rounds++);
     }
   }
 }

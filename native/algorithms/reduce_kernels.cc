@@ -251,8 +251,10 @@ void scale_buffer(void* buf, size_t count, DataType dtype, double factor) {
     case DataType::kInt16: return scale_plain(static_cast<int16_t*>(buf), count, factor);
     case DataType::kInt32: return scale_plain(static_cast<int32_t*>(buf), count, factor);
     case DataType::kInt64: return scale_plain(static_cast<int64_t*>(buf), count, factor);
-    case DataType::kFloat16: return scale_half<h2f, f2h>(static_cast<uint16_t*>(buf), count, factor);
-    case DataType::kBFloat16: return scale_half<b2f, f2b>(static_cast<uint16_t*>(buf), count, factor);
+    case DataType::kFloat16:
+      return scale_half<h2f, f2h>(static_cast<uint16_t*>(buf), count, factor);
+    case DataType::kBFloat16:
+      return scale_half<b2f, f2b>(static_cast<uint16_t*>(buf), count, factor);
     case DataType::kFloat32: return scale_plain(static_cast<float*>(buf), count, factor);
     case DataType::kFloat64: return scale_plain(static_cast<double*>(buf), count, factor);
     case DataType::kBool: return;

@@ -93,7 +93,11 @@ void Coordinator::add_request(int rank, const Request& r) {
     recheck_all();
     if (int(joined_.size()) == world_size_) {
       Pending& p = pending_["__join__"];
+      // Sized like every other entry: loops over pending_ index present[] by rank.
+      p.by_rank.resize(world_size_);
+      p.present.assign(world_size_, false);
       p.ready = true;
+      if (ready_.empty()) first_ready_time_ = Clock::now();
       ready_.push_back("__join__");
     }
     return;
@@ -312,6 +316,31 @@ std::vector<Response> Coordinator::fuse(std::vector<Response> responses) const {
   return out;
 }
 
+bool Coordinator::fail_if_in_group(const std::string& name,
+                                   const std::unordered_map<std::string, std::string>& failed,
+                                   std::vector<Response>* out) {
+  auto it = pending_.find(name);
+  if (it == pending_.end()) return false;
+  const Pending& p = it->second;
+  const Request* any = nullptr;
+  for (int r = 0; r < world_size_; ++r)
+    if (p.present[r]) { any = &p.by_rank[r]; break; }
+  if (!any || any->group.empty()) return false;
+  auto g = failed.find(any->group);
+  if (g == failed.end()) return false;
+  Response resp;
+  resp.op = any->op;
+  resp.names = {name};
+  resp.dtype = any->dtype;
+  resp.process_set = any->process_set;
+  resp.shapes = {any->shape};
+  resp.error = "Grouped operation '" + any->group + "' failed, so tensor '" + name +
+               "' of it fails too: " + g->second;
+  out->push_back(std::move(resp));
+  pending_.erase(it);
+  return true;
+}
+
 std::vector<Response> Coordinator::take_ready(Clock::time_point now) {
   if (ready_.empty()) return {};
   // Hold back briefly while other allreduces are partially submitted: they are likely the rest
@@ -324,8 +353,10 @@ std::vector<Response> Coordinator::take_ready(Clock::time_point now) {
 
   std::vector<Response> responses;
   std::deque<std::string> held;  // grouped tensors waiting for the rest of their group
+  std::unordered_map<std::string, std::string> failed_groups;  // group -> its error
   std::unordered_map<std::string, int> group_ready;
   for (const auto& name : ready_) {
+    if (name == "__join__") continue;
     const Pending& p = pending_[name];
     for (int r = 0; r < world_size_; ++r)
       if (p.present[r]) {
@@ -341,14 +372,35 @@ std::vector<Response> Coordinator::take_ready(Clock::time_point now) {
     }
     Pending& p = pending_[name];
     const Request* first = nullptr;
-    for (int r = 0; r < world_size_; ++r)
-      if (p.present[r]) { first = &p.by_rank[r]; break; }
-    if (first && !first->group.empty() && group_ready[first->group] < first->group_size) {
+    bool group_sizes_agree = true;
+    for (int r = 0; r < world_size_; ++r) {
+      if (!p.present[r]) continue;
+      if (!first) first = &p.by_rank[r];
+      else if (p.by_rank[r].group_size != first->group_size) group_sizes_agree = false;
+    }
+    // Hold a grouped tensor until its whole group is ready, unless the ranks disagree about the
+    // group: then build_response reports the mismatch (waiting would never end).
+    if (first && !first->group.empty() && group_sizes_agree &&
+        group_ready[first->group] < first->group_size) {
       held.push_back(name);
       continue;
     }
+    const std::string group = first ? first->group : std::string();
     responses.push_back(build_response(name, p));
+    if (!group.empty() && !responses.back().error.empty() && !failed_groups.count(group))
+      failed_groups[group] = responses.back().error;
     pending_.erase(name);
+  }
+  // A group that failed fails as a whole, including tensors of it that some ranks never
+  // submitted (their group was smaller): otherwise the ranks that did would wait forever.
+  if (!failed_groups.empty()) {
+    std::deque<std::string> still_held;
+    for (const auto& name : held)
+      if (!fail_if_in_group(name, failed_groups, &responses)) still_held.push_back(name);
+    held = std::move(still_held);
+    std::vector<std::string> names;
+    for (const auto& kv : pending_) names.push_back(kv.first);
+    for (const auto& name : names) fail_if_in_group(name, failed_groups, &responses);
   }
   ready_ = std::move(held);
   if (!ready_.empty()) first_ready_time_ = now;

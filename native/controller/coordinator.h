@@ -62,6 +62,11 @@ class Coordinator {
   void recheck_all();
   Response build_response(const std::string& name, Pending& p);
   Response build_join_response();
+  // If `name` is pending and belongs to a group in `failed` (group -> error), appends an error
+  // response for it to `out`, forgets it and returns true.
+  bool fail_if_in_group(const std::string& name,
+                        const std::unordered_map<std::string, std::string>& failed,
+                        std::vector<Response>* out);
   bool needs_rank(const Pending& p, int rank) const;
   std::vector<int> missing_ranks(const Pending& p) const;
   std::vector<Response> fuse(std::vector<Response> responses) const;

@@ -64,7 +64,10 @@ void Engine::run_allreduce(const Response& r, std::vector<Entry*>& entries,
 
   // Shared-memory fast path: the group reads each tensor and writes each result directly, so
   // fused responses skip the fusion-buffer copies and averaging costs no extra pass.
-  bool direct = comm.shm_group && r.prescale == 1.0;
+  // Every member must take the same path: the group applies `post` to the slices each member
+  // reduces, so one member on the direct path and another on the fallback (a joined rank has no
+  // entries) would leave some slices unscaled. The response, not local state, decides.
+  bool direct = comm.shm_group && r.prescale == 1.0 && r.joined.empty();
   for (Entry* e : entries) direct = direct && e;
   if (direct) {
     std::vector<SharedMemoryGroup::Segment> segments;

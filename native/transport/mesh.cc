@@ -441,7 +441,8 @@ class MeshBuilder {
       list += (list.empty() ? "" : ", ") + std::to_string(q);
       auto it = last_error_.find(q);
       if (it != last_error_.end()) {
-        details += (details.empty() ? "" : "; ") + ("rank " + std::to_string(q) + ": " + it->second);
+        if (!details.empty()) details += "; ";
+        details += "rank " + std::to_string(q) + ": " + it->second;
       }
     }
     std::string msg = "timed out after " + format_seconds(o_.timeout_seconds) +
@@ -505,8 +506,9 @@ class MeshBuilder {
           throw std::runtime_error("process " + std::to_string(peer_pid_[q]) +
                                    " is not visible from here (another PID namespace?)");
         }
-        offered[q] = SharedMemoryPipe::create(o_.job_id, o_.rank, q, peer_pid_[q]);
-        name = offered[q]->name();
+        auto pipe = SharedMemoryPipe::create(o_.job_id, o_.rank, q, peer_pid_[q]);
+        name = pipe->name();
+        offered[q] = std::move(pipe);
       } catch (const std::runtime_error& e) {
         warn_no_shm(q, e.what());
       }
@@ -527,7 +529,8 @@ class MeshBuilder {
         int pid = static_cast<int>(get_u32(head));
         try {
           if (!process_alive(pid)) {
-            throw std::runtime_error("process " + std::to_string(pid) + " is not visible from here");
+            throw std::runtime_error("process " + std::to_string(pid) +
+                                     " is not visible from here");
           }
           mesh.data[q] = SharedMemoryPipe::open(name, o_.rank, q, pid);
           ack = 1;
@@ -535,6 +538,7 @@ class MeshBuilder {
           warn_no_shm(q, e.what());
         }
       }
+      if (name.empty()) continue;  // nothing offered, so no answer is awaited
       io_all(data_fd_[q], q, &ack, 1, true);
       if (ack) {
         ::close(data_fd_[q]);  // control links (and pid checks) detect this peer's death now

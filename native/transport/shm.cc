@@ -94,8 +94,9 @@ std::unique_ptr<SharedMemoryPipe> SharedMemoryPipe::create(const std::string& jo
   random_bytes(rnd, sizeof(rnd));
   char hex[17];
   for (int i = 0; i < 8; ++i) std::snprintf(hex + 2 * i, 3, "%02x", rnd[i]);
-  std::string name = "/shvd-" + sanitize(job_id) + "-" + std::to_string(std::min(my_rank, peer_rank)) +
-                     "-" + std::to_string(std::max(my_rank, peer_rank)) + "-" + hex;
+  std::string name = "/shvd-" + sanitize(job_id) + "-" +
+                     std::to_string(std::min(my_rank, peer_rank)) + "-" +
+                     std::to_string(std::max(my_rank, peer_rank)) + "-" + hex;
 
   int fd = ::shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
   if (fd < 0) throw std::runtime_error(sys_error("shm_open(" + name + ")"));

@@ -9,6 +9,7 @@ is allgathered at the end to prove results are bitwise identical on all members.
 
 import argparse
 import sys
+import time
 
 import numpy as np
 
@@ -54,6 +55,8 @@ def ref_allreduce(inputs, op, pre=1.0, post=1.0):
         r = stack.max(axis=0)
     else:
         r = stack.prod(axis=0)
+    if dtype.kind != "f":
+        r = r.astype(dtype)  # integer sums and products wrap in the tensor's dtype
     factor = post / n if op == "Average" else post
     if factor != 1.0:
         r = r.astype(np.float64) * factor
@@ -71,6 +74,10 @@ def tol_for(dtype, op, n, pre=1.0, post=1.0):
 
 
 class Suite:
+    """The cases of one process set. Most ops are submitted asynchronously and completed in
+    batches (:meth:`drain`): a launch covers thousands of cases without paying one negotiation
+    round trip each. A rotating share of the cases uses the synchronous and in-place forms."""
+
     def __init__(self, c, setname, ps, members):
         self.c = c
         self.setname = setname
@@ -79,6 +86,8 @@ class Suite:
         self.n = len(members)
         self.me = members.index(hvd.rank())
         self.digests = []
+        self.pending = []
+        self.turn = 0
 
     def name(self, *parts):
         return "/".join([self.setname] + [str(p) for p in parts])
@@ -96,58 +105,81 @@ class Suite:
             self.digests.append(np.frombuffer(digest(got), dtype=np.uint8))
         self.c.check(close(got, want, rtol, atol), f"{what}: {describe_diff(got, want)}")
 
+    def variant(self, k=3):
+        """0 = synchronous, 1 = async, 2 = async in place (for ops that have it)."""
+        self.turn += 1
+        return self.turn % k
+
+    def submit(self, tag, sync_fn, async_fn, args, kwargs, on_result, mode):
+        if mode == 0:
+            res = self.c.run(tag, sync_fn, *args, **kwargs)
+            if res is not None:
+                on_result(res)
+        else:
+            h = self.c.run(tag, async_fn, *args, **kwargs)
+            if h is not None:
+                self.pending.append((tag, h, on_result))
+
+    def drain(self):
+        pending, self.pending = self.pending, []
+        for tag, h, on_result in pending:
+            res = self.c.run(tag, hvd.synchronize, h)
+            if res is not None:
+                self.c.check(hvd.poll(h), f"{tag}: poll() is False after synchronize()")
+                on_result(res)
+
+    def unchanged(self, tag, array):
+        """A check (run at completion) that an out-of-place op left its input alone."""
+        before = array.copy()
+        return lambda: self.c.check(np.array_equal(array, before), f"{tag}: input was modified")
+
     # -- allreduce ------------------------------------------------------------------------
 
     def allreduce(self):
         c, ps = self.c, self.ps
         for dtype in ALL_DTYPES:
-            pending = []
             for shape in SHAPES:
-                for opname, op in REDUCE_OPS.items():
-                    if dtype == np.bool_ and opname == "Average":
-                        continue
+                cases = [(op, 1.0, 1.0) for op in REDUCE_OPS
+                         if not (dtype == np.bool_ and op == "Average")]
+                if dtype != np.bool_:
+                    # Horovod's semantics: input * prescale, reduce, * postscale.
+                    pre, post = (0.5, 3.0) if np.dtype(dtype).kind == "f" else (2.0, 0.5)
+                    cases += [("Sum", pre, post), ("Average", pre, post)]
+                for opname, pre, post in cases:
                     kind = "product" if opname == "Product" else "sum"
-                    tag = self.name("ar", dname(dtype), shape, opname)
+                    tag = self.name("ar", dname(dtype), shape, opname, pre, post)
                     xs = self.inputs(lambda i: shape, dtype, tag, kind)
                     mine = xs[self.me]
-                    want = ref_allreduce(xs, opname)
-                    rtol, atol = tol_for(np.dtype(dtype), opname, self.n)
-                    before = mine.copy()
-                    got = c.run(tag, hvd.allreduce, mine, name=tag, op=op, process_set=ps)
-                    self.expect(tag, got, want, rtol, atol)
-                    c.check(np.array_equal(mine, before), f"{tag}: input was modified")
-                    # In place.
-                    buf = mine.copy()
-                    res = c.run(tag + "/inplace", hvd.allreduce_, buf, name=tag + "/inplace",
-                                op=op, process_set=ps)
-                    if res is not None:
-                        c.check(res is buf, f"{tag}/inplace: did not return the input array")
-                        self.expect(tag + "/inplace", buf, want, rtol, atol)
-                    # Async: left in flight while the next cases are submitted.
-                    h = c.run(tag + "/async", hvd.allreduce_async, mine, name=tag + "/async",
-                              op=op, process_set=ps)
-                    if h is not None:
-                        pending.append((tag + "/async", h, want, rtol, atol))
-                # Prescale / postscale (Horovod's semantics: input * pre, reduce, * post).
-                if dtype == np.bool_:
-                    continue
-                for opname in ("Sum", "Average"):
-                    if np.dtype(dtype).kind == "f":
-                        pre, post = 0.5, 3.0
-                    else:
-                        pre, post = 2.0, 0.5
-                    tag = self.name("ar", dname(dtype), shape, opname, "scaled")
-                    xs = self.inputs(lambda i: shape, dtype, tag)
                     want = ref_allreduce(xs, opname, pre, post)
                     rtol, atol = tol_for(np.dtype(dtype), opname, self.n, pre, post)
-                    got = c.run(tag, hvd.allreduce, xs[self.me], name=tag, op=REDUCE_OPS[opname],
-                                prescale_factor=pre, postscale_factor=post, process_set=ps)
-                    self.expect(tag, got, want, rtol, atol)
-            for tag, h, want, rtol, atol in pending:
-                got = c.run(tag, hvd.synchronize, h)
-                if got is not None:
-                    c.check(hvd.poll(h), f"{tag}: poll() is False after synchronize()")
-                self.expect(tag, got, want, rtol, atol)
+                    kw = dict(name=tag, op=REDUCE_OPS[opname], prescale_factor=pre,
+                              postscale_factor=post, process_set=ps)
+                    mode = self.variant()
+                    if mode == 2:
+                        buf = mine.copy()
+
+                        def done(res, tag=tag, buf=buf, want=want, rtol=rtol, atol=atol):
+                            c.check(res is buf, f"{tag}: in-place form did not return its input")
+                            self.expect(tag + "/inplace", buf, want, rtol, atol)
+                        self.submit(tag, None, hvd.allreduce_async_, (buf,), kw, done, mode)
+                    else:
+                        check_input = self.unchanged(tag, mine)
+
+                        def done(res, tag=tag, want=want, rtol=rtol, atol=atol, ci=check_input):
+                            ci()
+                            self.expect(tag, res, want, rtol, atol)
+                        self.submit(tag, hvd.allreduce, hvd.allreduce_async, (mine,), kw, done,
+                                    mode)
+            self.drain()
+        # The synchronous in-place form, once per dtype.
+        for dtype in ALL_DTYPES:
+            tag = self.name("ar", dname(dtype), "sync_inplace")
+            xs = self.inputs(lambda i: (5, 2), dtype, tag)
+            buf = xs[self.me].copy()
+            res = c.run(tag, hvd.allreduce_, buf, name=tag, op=hvd.Max, process_set=ps)
+            if res is not None:
+                c.check(res is buf, f"{tag}: did not return its input")
+                self.expect(tag, buf, ref_allreduce(xs, "Max"))
 
     def allreduce_average_default(self):
         """No op= means Average (Horovod's default); average=True/False is the old spelling."""
@@ -175,18 +207,15 @@ class Suite:
                 mine = [xs[self.me] for xs in xss]
                 wants = [ref_allreduce(xs, opname) for xs in xss]
                 rtol, atol = tol_for(np.dtype(dtype), opname, self.n)
-                got = c.run(tag, hvd.grouped_allreduce, mine, name=tag, op=REDUCE_OPS[opname],
-                            process_set=self.ps)
-                if got is not None:
-                    c.check(len(got) == len(shapes), f"{tag}: {len(got)} results")
+
+                def done(got, tag=tag, wants=wants, rtol=rtol, atol=atol):
+                    c.check(len(got) == len(wants), f"{tag}: {len(got)} results")
                     for k, (g, w) in enumerate(zip(got, wants)):
                         self.expect(f"{tag}[{k}]", g, w, rtol, atol)
-                h = c.run(tag + "/async", hvd.grouped_allreduce_async, mine, name=tag + "/async",
-                          op=REDUCE_OPS[opname], process_set=self.ps)
-                got = c.run(tag + "/async", hvd.synchronize, h) if h is not None else None
-                if got is not None:
-                    for k, (g, w) in enumerate(zip(got, wants)):
-                        self.expect(f"{tag}/async[{k}]", g, w, rtol, atol)
+                self.submit(tag, hvd.grouped_allreduce, hvd.grouped_allreduce_async, (mine,),
+                            dict(name=tag, op=REDUCE_OPS[opname], process_set=self.ps), done,
+                            self.variant(2))
+        self.drain()
 
     # -- allgather ------------------------------------------------------------------------
 
@@ -200,13 +229,12 @@ class Suite:
                     tag = self.name("ag", dname(dtype), trailing, variant)
                     xs = self.inputs(lambda i: (rows[i],) + trailing, dtype, tag)
                     want = np.concatenate(xs, axis=0)
-                    got = c.run(tag, hvd.allgather, xs[self.me], name=tag, process_set=self.ps)
-                    self.expect(tag, got, want)
-            tag = self.name("ag", dname(dtype), "async")
-            xs = self.inputs(lambda i: (i + 1, 2), dtype, tag)
-            h = c.run(tag, hvd.allgather_async, xs[self.me], name=tag, process_set=self.ps)
-            if h is not None:
-                self.expect(tag, c.run(tag, hvd.synchronize, h), np.concatenate(xs))
+
+                    def done(got, tag=tag, want=want):
+                        self.expect(tag, got, want)
+                    self.submit(tag, hvd.allgather, hvd.allgather_async, (xs[self.me],),
+                                dict(name=tag, process_set=self.ps), done, self.variant(2))
+            self.drain()
         # A 0-d array is gathered as one row per member.
         tag = self.name("ag", "scalar")
         got = c.run(tag, hvd.allgather, np.float32(hvd.rank()), name=tag, process_set=self.ps)
@@ -222,15 +250,29 @@ class Suite:
                     tag = self.name("bc", dname(dtype), shape, root)
                     xs = self.inputs(lambda i: shape, dtype, tag)
                     mine = xs[self.me]
-                    before = mine.copy()
-                    got = c.run(tag, hvd.broadcast, mine, root, name=tag, process_set=self.ps)
-                    self.expect(tag, got, xs[root])
-                    c.check(np.array_equal(mine, before), f"{tag}: input was modified")
-                    buf = mine.copy()
-                    res = c.run(tag + "/inplace", hvd.broadcast_, buf, root,
-                                name=tag + "/inplace", process_set=self.ps)
-                    if res is not None:
-                        self.expect(tag + "/inplace", buf, xs[root])
+                    kw = dict(name=tag, process_set=self.ps)
+                    mode = self.variant()
+                    if mode == 2:
+                        buf = mine.copy()
+
+                        def done(res, tag=tag, buf=buf, want=xs[root]):
+                            self.expect(tag + "/inplace", buf, want)
+                        self.submit(tag, None, hvd.broadcast_async_, (buf, root), kw, done, mode)
+                    else:
+                        ci = self.unchanged(tag, mine)
+
+                        def done(got, tag=tag, want=xs[root], ci=ci):
+                            ci()
+                            self.expect(tag, got, want)
+                        self.submit(tag, hvd.broadcast, hvd.broadcast_async, (mine, root), kw,
+                                    done, mode)
+            self.drain()
+        for dtype in (np.float32, np.int8):
+            tag = self.name("bc", dname(dtype), "sync_inplace")
+            xs = self.inputs(lambda i: (3, 3), dtype, tag)
+            buf = xs[self.me].copy()
+            if c.run(tag, hvd.broadcast_, buf, 0, name=tag, process_set=self.ps) is not None:
+                self.expect(tag, buf, xs[0])
         tag = self.name("bc", "object")
         obj = {"from": hvd.rank(), "data": list(range(hvd.rank() + 3))}
         got = c.run(tag, hvd.broadcast_object, obj, root_rank=self.n - 1, name=tag,
@@ -245,17 +287,24 @@ class Suite:
 
     def alltoall(self):
         c, n, me = self.c, self.n, self.me
+
+        def done_for(tag, want, want_recv):
+            def done(res):
+                got, recv = res
+                self.expect(tag, got, want, same_everywhere=False)
+                c.check(list(recv) == want_recv,
+                        f"{tag}: received splits {list(recv)}, want {want_recv}")
+            return done
+
         for dtype in ALL_DTYPES:
             for trailing in ((), (3,), (2, 2)):
                 # Even: no splits, the first dimension divides by the set size.
                 tag = self.name("a2a", dname(dtype), trailing, "even")
                 xs = self.inputs(lambda i: (2 * n,) + trailing, dtype, tag)
                 want = np.concatenate([xs[i][2 * me:2 * me + 2] for i in range(n)])
-                res = c.run(tag, hvd.alltoall, xs[me], name=tag, process_set=self.ps)
-                if res is not None:
-                    got, splits = res
-                    self.expect(tag, got, want, same_everywhere=False)
-                    c.check(list(splits) == [2] * n, f"{tag}: received splits {list(splits)}")
+                self.submit(tag, hvd.alltoall, hvd.alltoall_async, (xs[me],),
+                            dict(name=tag, process_set=self.ps), done_for(tag, want, [2] * n),
+                            self.variant(2))
                 # Uneven splits, including zeros.
                 for variant in range(2):
                     tag = self.name("a2a", dname(dtype), trailing, "uneven", variant)
@@ -267,22 +316,11 @@ class Suite:
                         off = sum(split[i][:me])
                         parts.append(xs[i][off:off + split[i][me]])
                     want = np.concatenate(parts)
-                    res = c.run(tag, hvd.alltoall, xs[me], splits=split[me], name=tag,
-                                process_set=self.ps)
-                    if res is not None:
-                        got, recv = res
-                        self.expect(tag, got, want, same_everywhere=False)
-                        want_recv = [split[i][me] for i in range(n)]
-                        c.check(list(recv) == want_recv,
-                                f"{tag}: received splits {list(recv)}, want {want_recv}")
-            tag = self.name("a2a", dname(dtype), "async")
-            xs = self.inputs(lambda i: (n,), dtype, tag)
-            h = c.run(tag, hvd.alltoall_async, xs[me], splits=[1] * n, name=tag,
-                      process_set=self.ps)
-            res = c.run(tag, hvd.synchronize, h) if h is not None else None
-            if res is not None:
-                self.expect(tag, res[0], np.array([xs[i][me] for i in range(n)], dtype=dtype), same_everywhere=False)
-                c.check(list(res[1]) == [1] * n, f"{tag}: received splits {list(res[1])}")
+                    self.submit(tag, hvd.alltoall, hvd.alltoall_async, (xs[me],),
+                                dict(splits=split[me], name=tag, process_set=self.ps),
+                                done_for(tag, want, [split[i][me] for i in range(n)]),
+                                self.variant(2))
+            self.drain()
 
     # -- reducescatter --------------------------------------------------------------------
 
@@ -291,40 +329,35 @@ class Suite:
         for dtype in ALL_DTYPES:
             if dtype == np.bool_:
                 continue
-            for rows in (1, n, 2 * n + 1, 7, 0):
-                for trailing in ((), (3,), (2, 2)):
-                    for opname in ("Sum", "Average"):
-                        tag = self.name("rs", dname(dtype), rows, trailing, opname)
-                        xs = self.inputs(lambda i: (rows,) + trailing, dtype, tag)
-                        full = ref_allreduce(xs, opname)
-                        # Horovod's rule: the first rows % n members get one row more.
-                        counts = [rows // n + (1 if i < rows % n else 0) for i in range(n)]
-                        start = sum(counts[:me])
-                        want = full[start:start + counts[me]]
-                        rtol, atol = tol_for(np.dtype(dtype), opname, n)
-                        got = c.run(tag, hvd.reducescatter, xs[me], op=REDUCE_OPS[opname],
-                                    name=tag, process_set=self.ps)
-                        self.expect(tag, got, want, rtol, atol, same_everywhere=False)
+            cases = [(rows, trailing, opname, 1.0, 1.0)
+                     for rows in (1, n, 2 * n + 1, 7, 0)
+                     for trailing in ((), (3,), (2, 2))
+                     for opname in ("Sum", "Average")]
             if np.dtype(dtype).kind == "f":
-                tag = self.name("rs", dname(dtype), "scaled")
-                xs = self.inputs(lambda i: (2 * n + 1, 2), dtype, tag)
-                full = ref_allreduce(xs, "Average", 0.5, 3.0)
-                counts = [(2 * n + 1) // n + (1 if i < (2 * n + 1) % n else 0) for i in range(n)]
+                cases += [(2 * n + 1, (2,), "Average", 0.5, 3.0), (5, (), "Sum", 2.0, 0.25)]
+            for rows, trailing, opname, pre, post in cases:
+                tag = self.name("rs", dname(dtype), rows, trailing, opname, pre, post)
+                xs = self.inputs(lambda i: (rows,) + trailing, dtype, tag)
+                full = ref_allreduce(xs, opname, pre, post)
+                # Horovod's rule: the first rows % n members get one row more.
+                counts = [rows // n + (1 if i < rows % n else 0) for i in range(n)]
                 start = sum(counts[:me])
-                rtol, atol = tol_for(np.dtype(dtype), "Average", n, 0.5, 3.0)
-                got = c.run(tag, hvd.reducescatter, xs[me], op=hvd.Average, name=tag,
-                            process_set=self.ps, prescale_factor=0.5, postscale_factor=3.0)
-                self.expect(tag, got, full[start:start + counts[me]], rtol, atol, same_everywhere=False)
-            tag = self.name("rs", dname(dtype), "async")
-            xs = self.inputs(lambda i: (n, 2), dtype, tag)
-            h = c.run(tag, hvd.reducescatter_async, xs[me], op=hvd.Sum, name=tag,
-                      process_set=self.ps)
-            if h is not None:
-                full = ref_allreduce(xs, "Sum")
-                rtol, atol = tol_for(np.dtype(dtype), "Sum", n)
-                self.expect(tag, c.run(tag, hvd.synchronize, h), full[me:me + 1], rtol, atol, same_everywhere=False)
+                want = full[start:start + counts[me]]
+                rtol, atol = tol_for(np.dtype(dtype), opname, n, pre, post)
+
+                def done(got, tag=tag, want=want, rtol=rtol, atol=atol):
+                    self.expect(tag, got, want, rtol, atol, same_everywhere=False)
+                self.submit(tag, hvd.reducescatter, hvd.reducescatter_async, (xs[me],),
+                            dict(op=REDUCE_OPS[opname], name=tag, process_set=self.ps,
+                                 prescale_factor=pre, postscale_factor=post), done,
+                            self.variant(2))
+            self.drain()
 
     def barrier(self):
+        if self.setname != "global":
+            # Unnamed ops on a subset desynchronise the per-process auto-name counters of the
+            # ranks outside it: covered (xfail) by test_process_sets.py instead.
+            return
         for i in range(3):
             self.c.run(self.name("barrier", i), hvd.barrier, process_set=self.ps)
 
@@ -422,6 +455,7 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("--sets", choices=("none", "static", "dynamic"), default="static")
     p.add_argument("--large", action="store_true")
+    p.add_argument("--timing", action="store_true", help="print each suite's duration")
     p.add_argument("--suites", default=",".join(SUITES))
     args = p.parse_args()
     suites = [s for s in args.suites.split(",") if s]
@@ -456,11 +490,12 @@ def main():
         if rank not in members:
             continue
         s = Suite(c, setname, ps, members)
-        for name in suites:
+        names = suites + (["large"] if args.large and setname == "global" else [])
+        for name in names + ["verify_identical"]:
+            t0 = time.perf_counter()
             getattr(s, name)()
-        if args.large and setname == "global":
-            s.large()
-        s.verify_identical()
+            if args.timing:
+                print(f"TIMING rank={rank} {setname}.{name} {time.perf_counter() - t0:.2f}s")
     c.run("final barrier", hvd.barrier)
     if args.sets == "dynamic":
         for ps in ps_objs:

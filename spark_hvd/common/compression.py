@@ -1,0 +1,73 @@
+"""Gradient compression, shared by the framework adapters.
+
+A compressor turns a tensor into the one that travels (``compress`` returns it with a context)
+and back (``decompress``). The rules are Horovod's: ``none`` sends the tensor as is; ``fp16``
+sends floating-point tensors as float16 and casts the result back to the original dtype,
+leaving integer and bool tensors untouched. The adapters supply the three tensor primitives
+(is it floating point, its dtype, cast to a dtype) by subclassing :class:`FP16Compressor`.
+"""
+
+
+class Compressor:
+    """Interface for compressing and decompressing a tensor (subclass it for custom schemes)."""
+
+    @staticmethod
+    def compress(tensor):
+        """Returns ``(tensor to send, context needed by decompress)``."""
+        raise NotImplementedError
+
+    @staticmethod
+    def decompress(tensor, ctx):
+        """Returns the received ``tensor`` restored with ``ctx``."""
+        raise NotImplementedError
+
+
+class NoneCompressor(Compressor):
+    """Sends tensors unchanged."""
+
+    @staticmethod
+    def compress(tensor):
+        """Returns ``(tensor, None)``."""
+        return tensor, None
+
+    @staticmethod
+    def decompress(tensor, ctx):
+        """Returns ``tensor``."""
+        return tensor
+
+
+class FP16Compressor(Compressor):
+    """Sends floating-point tensors as float16 (half the bytes), restores the dtype after.
+
+    Framework adapters subclass it and define ``_is_floating(t)``, ``_dtype(t)``,
+    ``_cast(t, dtype)`` and ``_wire_dtype``.
+    """
+
+    _wire_dtype = None
+
+    @classmethod
+    def compress(cls, tensor):
+        """Returns ``(float16 tensor, original dtype)``; non-float tensors pass unchanged."""
+        dtype = cls._dtype(tensor)
+        if cls._is_floating(tensor) and dtype != cls._wire_dtype:
+            return cls._cast(tensor, cls._wire_dtype), dtype
+        return tensor, dtype
+
+    @classmethod
+    def decompress(cls, tensor, ctx):
+        """Casts ``tensor`` back to the dtype recorded by :meth:`compress`."""
+        if ctx is not None and cls._dtype(tensor) != ctx:
+            return cls._cast(tensor, ctx)
+        return tensor
+
+    @staticmethod
+    def _is_floating(tensor):
+        raise NotImplementedError
+
+    @staticmethod
+    def _dtype(tensor):
+        raise NotImplementedError
+
+    @staticmethod
+    def _cast(tensor, dtype):
+        raise NotImplementedError

@@ -1,0 +1,134 @@
+"""Gradient rules every framework adapter follows, written once: how ``DistributedOptimizer``
+arguments are checked and turned into reduction parameters, how parameters are named and
+grouped for allreduce, and the gradients of the differentiable collectives. They are Horovod's
+rules, error messages included, so a migrated script behaves the same under torch and TF."""
+
+import warnings
+
+from ._ops import Adasum, Average, Sum
+
+ADASUM_UNSUPPORTED = ("op=Adasum is not supported by spark_hvd yet; use op=Average (the default) "
+                      "or op=Sum")
+
+
+def check_optimizer_args(op, gradient_predivide_factor=1.0, num_groups=0, groups=None,
+                         is_tensor=None):
+    """Validates ``DistributedOptimizer`` arguments the way Horovod does; returns ``groups``
+    (``num_groups`` is its deprecated spelling). ``is_tensor(x)`` checks explicit groups'
+    members."""
+    if op not in (Average, Sum, Adasum):
+        raise ValueError(f"DistributedOptimizer supports op=Average, Sum or Adasum, got {op!r}")
+    if gradient_predivide_factor != 1.0 and op != Average:
+        raise ValueError("gradient_predivide_factor not supported with op != Average")
+    if num_groups != 0:
+        warnings.warn("Parameter `num_groups` has been replaced by `groups` and will be removed "
+                      "in a future release.", DeprecationWarning, stacklevel=3)
+        if groups is None:
+            groups = num_groups
+    if groups is not None:
+        if isinstance(groups, bool) or not (isinstance(groups, list) or
+                                            (isinstance(groups, int) and groups > 0)):
+            raise ValueError("groups should be a non-negative integer or a list of list of "
+                             "tensors.")
+        if isinstance(groups, list):
+            seen = set()
+            for group in groups:
+                for p in group:
+                    if is_tensor is not None and not is_tensor(p):
+                        raise ValueError("groups must consist of tensors.")
+                    if id(p) in seen:
+                        raise ValueError("A parameter can only appear once in groups.")
+                    seen.add(id(p))
+    return groups
+
+
+def scale_factors(op, gradient_predivide_factor=1.0):
+    """``(prescale, postscale)`` for a gradient allreduce: with op=Average the sum is split
+    around the reduction as ``1/f`` before and ``f`` after (the core then divides by the set
+    size), which keeps fp16 sums of many ranks in range."""
+    if op == Average and gradient_predivide_factor != 1.0:
+        return 1.0 / gradient_predivide_factor, float(gradient_predivide_factor)
+    return 1.0, 1.0
+
+
+def find_duplicates(names):
+    """Names that occur more than once, in first-seen order."""
+    seen, dups = set(), []
+    for n in names:
+        if n in seen and n not in dups:
+            dups.append(n)
+        seen.add(n)
+    return dups
+
+
+def named_parameters_of(named_parameters, all_params):
+    """Checks ``named_parameters`` against the optimizer's parameters and returns
+    ``{id(param): name}``. Without names, parameters are named by their position across all
+    parameter groups (identical on every rank that builds the same model)."""
+    if named_parameters is None:
+        return {id(p): f"allreduce.noname.{i}" for i, p in enumerate(all_params)}
+    named_parameters = list(named_parameters)
+    if any(not isinstance(item, tuple) or len(item) != 2 for item in named_parameters):
+        raise ValueError("named_parameters should be a sequence of tuples (name, parameter), "
+                         "usually produced by model.named_parameters().")
+    dups = find_duplicates([name for name, _ in named_parameters])
+    if dups:
+        raise ValueError("Parameter names in named_parameters must be unique. Found duplicates: "
+                         + ", ".join(str(d) for d in dups))
+    named_ids = {id(p) for _, p in named_parameters}
+    unnamed = [id(p) for p in all_params if id(p) not in named_ids]
+    if unnamed:
+        raise ValueError("named_parameters was specified, but one or more model parameters "
+                         "were not named. Python object ids: "
+                         + ", ".join(str(i) for i in unnamed))
+    return {id(p): str(name) for name, p in named_parameters}
+
+
+def split_into_groups(items, num_groups):
+    """Splits ``items`` into ``num_groups`` contiguous, nearly equal, non-empty chunks."""
+    d, r = divmod(len(items), num_groups)
+    chunks = [items[i * d + min(i, r):(i + 1) * d + min(i + 1, r)] for i in range(num_groups)]
+    return [c for c in chunks if c]
+
+
+def form_groups(params, groups, name_of):
+    """Allreduce groups for ``params`` (already in the order every rank agreed on): ``groups``
+    is a number of groups or explicit lists of parameters; parameters not listed in explicit
+    groups travel alone."""
+    if isinstance(groups, list):
+        wanted = {id(p) for p in params}
+        out, grouped = [], set()
+        for group in groups:
+            members = [p for p in group if id(p) in wanted]
+            if members:
+                out.append(members)
+                grouped.update(id(p) for p in members)
+        out += [[p] for p in params if id(p) not in grouped]
+        return [tuple(g) for g in out]
+    return [tuple(g) for g in split_into_groups(list(params), int(groups))]
+
+
+# -- gradients of the differentiable collectives -------------------------------------------
+#
+# allreduce(op):          the gradient is allreduced with the same op and scale factors.
+# allgather:              this rank's slice of the gradient, averaged over the ranks.
+# broadcast(root):        the gradient averaged over the ranks, on the root; zero elsewhere.
+# alltoall(splits):       the gradient sent back with alltoall by the received splits.
+# reducescatter(op):      the gradients allgathered, times the forward's scale (1/n for
+#                         Average, times prescale x postscale).
+
+GRAD_OP_ALLGATHER = Average
+GRAD_OP_BROADCAST = Average
+
+
+def reducescatter_grad_scale(op, set_size, prescale=1.0, postscale=1.0):
+    """The factor applied to the allgathered gradient of a reducescatter."""
+    scale = float(prescale) * float(postscale)
+    if op == Average:
+        scale /= set_size
+    return scale
+
+
+def slice_offset(first_dims, index):
+    """Offset of member ``index``'s rows in a concatenation of ``first_dims``."""
+    return int(sum(first_dims[:index]))

@@ -1,0 +1,88 @@
+"""Run a spark_hvd job inside Spark: one rank per barrier-mode task.
+
+    import spark_hvd.spark
+
+    def train(lr):
+        import spark_hvd.torch as hvd
+        hvd.init()
+        ...
+        return model.state_dict() if hvd.rank() == 0 else None
+
+    results = spark_hvd.spark.run(train, args=(0.1,), num_proc=4)   # rank-ordered
+
+Works with classic and Spark Connect sessions. Each task runs ``fn`` in a child Python process
+that it starts with the same bootstrap environment as ``spark-hvd-run``; the ranks find each
+other through ``BarrierTaskContext.allGather`` and then talk directly, authenticated by a
+per-job secret (not encrypted: ``run`` refuses a cluster with ``spark.ssl.enabled`` unless
+allowed, see :func:`run`).
+"""
+
+from spark_hvd.spark._errors import RunError
+
+__all__ = ["run", "RunError"]
+
+
+def run(fn, args=(), kwargs=None, num_proc=None, start_timeout=None, use_mpi=None,
+        use_gloo=None, extra_mpi_args=None, env=None, stdout=None, stderr=None, verbose=1,
+        nics=None, prefix_output_with_timestamp=False, executable=None, spark=None):
+    """Runs ``fn(*args, **kwargs)`` as a spark_hvd job of ``num_proc`` ranks on Spark tasks.
+
+    Each rank runs in its own Spark barrier task (all ``num_proc`` start together), in a child
+    Python process with a clean environment; ``fn`` calls ``hvd.init()`` itself, as in any
+    spark_hvd or Horovod script. Ranks are host-major over the executors (``local_rank`` counts
+    the tasks of one executor); a task given GPUs by Spark's resource scheduling sees those
+    GPUs (``CUDA_VISIBLE_DEVICES``), ordered so that device ``hvd.local_rank()`` is its own
+    when each task has one GPU; a task without a GPU resource sees none.
+
+    Args:
+        fn: the function each rank runs; it and its arguments are pickled with cloudpickle.
+        args, kwargs: arguments of ``fn``.
+        num_proc: number of ranks (Spark tasks); default ``spark.default.parallelism``. The
+            cluster must offer that many task slots at once; if it does not, ``run`` fails at
+            once on a local master and after ``start_timeout`` on a cluster.
+        start_timeout: seconds to wait for task slots, for all tasks to start, and for the
+            ranks to meet in ``hvd.init()``. Default ``$SPARK_HVD_SPARK_START_TIMEOUT``,
+            ``$HOROVOD_SPARK_START_TIMEOUT``, or 600.
+        use_mpi, use_gloo, extra_mpi_args: Horovod's; the ranks always use spark_hvd's own
+            TCP/shared-memory transport, so ``use_mpi=True`` is an error and the others are
+            accepted and ignored.
+        env: extra environment variables for the ranks. The driver's ``SPARK_HVD_*`` and
+            ``HOROVOD_*`` tuning variables are passed on too; ``env`` wins over them.
+        stdout, stderr: streams for the ranks' output (default ``sys.stdout``/``sys.stderr``);
+            every line is prefixed ``[rank]<stdout>:`` or ``[rank]<stderr>:``.
+        verbose: 0 quiet, 1 failures and waits, 2 every step.
+        nics: network interface names; the ranks bind their connections to the first one's
+            address (default: the executor's address).
+        prefix_output_with_timestamp: put the time in front of each output line.
+        executable: the Python that runs the ranks (default: the executors' Python).
+        spark: the SparkSession to use (default: the active one, classic or Spark Connect).
+
+    Returns:
+        The list of ``fn``'s return values, index = rank.
+
+    Raises:
+        RunError: a rank failed (the message names it and holds its traceback; every other
+            rank is stopped first), the cluster has too few task slots, the tasks did not
+            start in time, or the cluster has TLS on (``spark.ssl.enabled``): the ranks'
+            traffic is authenticated but not encrypted, so ``run`` refuses unless the Spark
+            configuration ``spark_hvd.allowUnencrypted=true`` or the environment variable
+            ``SPARK_HVD_ALLOW_UNENCRYPTED=1`` allows it.
+
+    Example:
+
+        >>> def rank_and_size():
+        ...     import spark_hvd.numpy as hvd
+        ...     hvd.init()
+        ...     return hvd.rank(), hvd.size()
+        >>> spark_hvd.spark.run(rank_and_size, num_proc=2)  # doctest: +SKIP
+        [(0, 2), (1, 2)]
+    """
+    if use_mpi:
+        raise ValueError("spark_hvd.spark.run: MPI is not supported; the ranks use spark_hvd's "
+                         "built-in TCP/shared-memory transport (leave use_mpi unset)")
+    from spark_hvd.spark._controller import RunController
+    return RunController(fn, args=args, kwargs=kwargs, num_proc=num_proc,
+                         start_timeout=start_timeout, env=env, stdout=stdout, stderr=stderr,
+                         verbose=verbose, nics=nics,
+                         prefix_output_with_timestamp=prefix_output_with_timestamp,
+                         executable=executable, spark=spark).run()

@@ -1,0 +1,107 @@
+"""The process a Spark task spawns to run the user's function: ``python -m spark_hvd.spark._child``.
+
+It loads ``(fn, args, kwargs)`` (cloudpickled by the driver) from the file named in
+``SPARK_HVD_SPARK_PAYLOAD``, calls ``fn``, and leaves either the pickled return value in
+``SPARK_HVD_SPARK_RESULT`` (exit code 0) or a JSON error report in ``SPARK_HVD_SPARK_ERROR``
+(exit code 1). The bootstrap environment is already set, so ``hvd.init()`` inside ``fn`` joins
+the job like any launcher-started rank.
+
+A fresh process per task keeps CUDA and the core's state out of Spark's reused Python workers,
+and lets the task kill the whole group when the job fails.
+"""
+
+import json
+import os
+import shutil
+import signal
+import sys
+import threading
+import time
+import traceback
+
+PAYLOAD_ENV = "SPARK_HVD_SPARK_PAYLOAD"
+RESULT_ENV = "SPARK_HVD_SPARK_RESULT"
+ERROR_ENV = "SPARK_HVD_SPARK_ERROR"
+# How often the child checks that the Spark task that started it is still there.
+_PARENT_POLL_SECONDS = 0.1
+
+
+def _watch_parent(parent_pid, workdir):
+    """Kill this process group when the task's Python worker goes away.
+
+    Spark kills the Python worker of a cancelled or failed barrier task with SIGKILL, which
+    gives the task no chance to clean up; the kernel's parent-death signal (set by the spawn)
+    covers this process, this thread also covers whatever ``fn`` started in our group, and
+    removes the task's scratch directory.
+    """
+    while True:
+        time.sleep(_PARENT_POLL_SECONDS)
+        if os.getppid() != parent_pid:
+            try:
+                shutil.rmtree(workdir, ignore_errors=True)
+                os.killpg(os.getpgrp(), signal.SIGKILL)
+            finally:
+                os._exit(137)
+
+
+def _write_atomically(path, data):
+    tmp = path + ".tmp"
+    with open(tmp, "wb") as f:
+        f.write(data)
+    os.replace(tmp, path)
+
+
+def _error_report(exc, where):
+    from spark_hvd.common.exceptions import HorovodInternalError
+    tb = exc.__traceback__
+    if tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next  # start at fn, not at main() here
+    return {
+        "type": type(exc).__name__,
+        "module": type(exc).__module__,
+        "message": str(exc),
+        "traceback": "".join(traceback.format_exception(type(exc), exc, tb)),
+        "internal": isinstance(exc, HorovodInternalError),
+        "where": where,
+    }
+
+
+def main():
+    payload_path = os.environ.pop(PAYLOAD_ENV)
+    result_path = os.environ.pop(RESULT_ENV)
+    error_path = os.environ.pop(ERROR_ENV)
+    threading.Thread(target=_watch_parent, args=(os.getppid(), os.path.dirname(payload_path)),
+                     daemon=True, name="spark-hvd-parent-watch").start()
+
+    import cloudpickle
+
+    where = "loading the function"
+    try:
+        with open(payload_path, "rb") as f:
+            fn, args, kwargs = cloudpickle.load(f)
+        os.unlink(payload_path)
+        where = "fn"
+        try:
+            result = fn(*args, **kwargs)
+        except SystemExit as e:
+            if e.code not in (None, 0):
+                raise
+            result = None  # sys.exit(0) inside fn is a normal end without a value
+        where = "pickling the return value"
+        data = cloudpickle.dumps(result)
+    except BaseException as e:  # noqa: BLE001 - every failure is reported to the driver
+        report = _error_report(e, where)
+        # The traceback also goes to the rank's stderr, which reaches the driver prefixed.
+        sys.stderr.write(report["traceback"])
+        sys.stderr.flush()
+        _write_atomically(error_path, json.dumps(report).encode())
+        sys.stdout.flush()
+        # Exit now, skipping atexit's coordinated hvd.shutdown(): it would wait for the other
+        # ranks, which may be far from their next collective. They learn of the failure from
+        # the task (which stops the job) or from the core (the connection to us is gone).
+        os._exit(1)
+    _write_atomically(result_path, data)
+
+
+if __name__ == "__main__":
+    main()

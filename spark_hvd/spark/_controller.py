@@ -1,0 +1,323 @@
+"""The driver side of ``spark_hvd.spark.run``: a small controller with named states.
+
+    CHECKING ──> STARTING ──> RUNNING ──> COLLECTING ──> FINISHED
+        │            │           │             │
+        └────────────┴───────────┴─────────────┴──> FAILED
+
+CHECKING   the session is usable (not TLS unless allowed), enough task slots exist (waiting up
+           to ``start_timeout`` on clusters whose executors may still be registering).
+STARTING   job secret and id, the channel for output and status, the pickled function.
+RUNNING    one barrier stage of ``num_proc`` tasks through ``mapInArrow(..., barrier=True)``
+           (the same call for classic and Spark Connect sessions); a watchdog cancels it if the
+           tasks do not all start within ``start_timeout``.
+COLLECTING each rank's pickled result, put in rank order; the ranks' last output lines.
+FAILED     the failing rank's report (its traceback) becomes the :class:`RunError`; the other
+           tasks are told to stop their ranks, and the driver waits (bounded) until they did.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+import re
+import secrets
+import sys
+import threading
+import time
+
+from spark_hvd.common._secret import make_secret
+from spark_hvd.runner._output import LineSink
+from spark_hvd.spark import _session, _task
+from spark_hvd.spark._channel import STDERR, STDOUT, DriverChannel
+from spark_hvd.spark._errors import RunError
+
+DEFAULT_START_TIMEOUT = 600.0
+ALLOW_UNENCRYPTED_ENV = "SPARK_HVD_ALLOW_UNENCRYPTED"
+ALLOW_UNENCRYPTED_CONF = "spark_hvd.allowUnencrypted"
+RESULT_SCHEMA = "rank int, seq int, chunk binary"
+# The driver's own variables that reach the ranks (tuning such as SPARK_HVD_FUSION_THRESHOLD or
+# HOROVOD_CYCLE_TIME): a job configured on the driver behaves as under spark-hvd-run.
+_CONFIG_PREFIXES = ("SPARK_HVD_", "HOROVOD_")
+_NOT_FORWARDED = {"SPARK_HVD_SPARK_DRIVER_ADDR", ALLOW_UNENCRYPTED_ENV}
+# How long a failed run waits for the other ranks to be stopped before raising.
+_STOP_WAIT_SECONDS = 10.0
+# Failure kinds, most telling first: the root cause of a failed job is rarely the rank that
+# lost its peer.
+_KIND_ORDER = {"user": 0, "crash": 1, "internal": 2}
+
+
+class State(enum.Enum):
+    CHECKING = "checking"
+    STARTING = "starting"
+    RUNNING = "running"
+    COLLECTING = "collecting"
+    FINISHED = "finished"
+    FAILED = "failed"
+
+
+def _start_timeout(value) -> float:
+    if value is not None:
+        return float(value)
+    for name in ("SPARK_HVD_SPARK_START_TIMEOUT", "HOROVOD_SPARK_START_TIMEOUT"):
+        if os.environ.get(name):
+            return float(os.environ[name])
+    return DEFAULT_START_TIMEOUT
+
+
+def forwarded_env(env: dict | None) -> dict[str, str]:
+    """The variables the ranks get from the driver: its spark_hvd/Horovod tuning, then
+    ``env`` (which wins). Bootstrap variables are the task's business and never forwarded."""
+    from spark_hvd.runner._env import BOOTSTRAP_VARS
+    out = {k: v for k, v in os.environ.items()
+           if k.startswith(_CONFIG_PREFIXES) and k not in BOOTSTRAP_VARS
+           and k not in _NOT_FORWARDED and not k.startswith("SPARK_HVD_SPARK_")}
+    for k, v in (env or {}).items():
+        if not isinstance(k, str) or v is None:
+            raise ValueError(f"env must map names to strings, got {k!r}: {v!r}")
+        out[k] = str(v)
+    return out
+
+
+def check_ssl(spark) -> None:
+    """Refuse a TLS-enabled cluster: the core's data plane is authenticated, not encrypted."""
+    if not _session.ssl_enabled(spark):
+        return
+    allowed = (os.environ.get(ALLOW_UNENCRYPTED_ENV, "").strip().lower() in _session.TRUE
+               or _session.conf_flag(spark, ALLOW_UNENCRYPTED_CONF))
+    if not allowed:
+        raise RunError(
+            "This Spark cluster has TLS enabled (spark.ssl.enabled=true), but spark_hvd's "
+            "collectives are authenticated with the job secret, not encrypted: gradients and "
+            "model state would cross the network in the clear. To run anyway, set the Spark "
+            f"configuration {ALLOW_UNENCRYPTED_CONF}=true or the environment variable "
+            f"{ALLOW_UNENCRYPTED_ENV}=1 on the driver.")
+
+
+def pick_failure(errors: dict[int, dict]) -> dict | None:
+    """The report that explains a failed job: a rank whose ``fn`` raised, else one that died,
+    else one that lost a peer; the earliest of a kind."""
+    if not errors:
+        return None
+    return min(errors.values(),
+               key=lambda e: (_KIND_ORDER.get(e.get("kind"), 9), e.get("time", 0), e["rank"]))
+
+
+def failure_from_spark_error(text: str) -> tuple[int | None, str]:
+    """(rank, message) of our marker in a Spark exception's text, when a task put it there."""
+    m = re.search(re.escape(_task.FAILURE_MARKER) + r" (\d+)\] (.*)", text, re.S)
+    if not m:
+        return None, ""
+    message = m.group(2)
+    # Spark appends its own Java/Python frames after the Python exception; keep ours.
+    message = re.split(r"\n\s*(?:SQLSTATE:|at org\.apache|\tat |JVM stacktrace:)", message)[0]
+    return int(m.group(1)), message.strip()
+
+
+def assemble_results(rows, num_proc: int) -> list:
+    """Rank-ordered return values from the (rank, seq, chunk) rows."""
+    import cloudpickle
+    chunks: dict[int, list] = {}
+    for row in rows:
+        chunks.setdefault(row["rank"], []).append((row["seq"], row["chunk"]))
+    missing = [r for r in range(num_proc) if r not in chunks]
+    if missing:
+        raise RunError(f"ranks {missing} returned no result")
+    return [cloudpickle.loads(b"".join(bytes(c) for _, c in sorted(chunks[r])))
+            for r in range(num_proc)]
+
+
+class RunController:
+    """One call of ``spark_hvd.spark.run``."""
+
+    def __init__(self, fn, args=(), kwargs=None, num_proc=None, start_timeout=None, env=None,
+                 stdout=None, stderr=None, verbose=1, nics=None,
+                 prefix_output_with_timestamp=False, executable=None, spark=None):
+        self.fn, self.args, self.kwargs = fn, tuple(args), dict(kwargs or {})
+        self.num_proc = num_proc
+        self.start_timeout = _start_timeout(start_timeout)
+        self.env = forwarded_env(env)
+        self.stdout = LineSink(stdout if stdout is not None else sys.stdout)
+        self.stderr = LineSink(stderr if stderr is not None else sys.stderr)
+        self.verbose = verbose
+        self.nics = list(nics) if nics else None
+        self.timestamp = prefix_output_with_timestamp
+        self.executable = executable
+        self.spark = spark
+        self.state = None
+        self.channel = None
+        self.job_id = None
+        self.timings: dict[str, float] = {}
+        self._started_all = threading.Event()
+        self._done = threading.Event()
+        self._start_timed_out = False
+        self._start_missing: list[int] = []
+
+    def log(self, message: str, level: int = 1) -> None:
+        if self.verbose >= level:
+            self.stderr.write_line(f"spark_hvd.spark: {message}\n".encode())
+
+    def _enter(self, state: State) -> None:
+        self.state = state
+        self.timings[state.value] = time.monotonic()
+        self.log(f"{state.value}" + (f" (job {self.job_id})" if self.job_id else ""), level=2)
+
+    # -- states ---------------------------------------------------------------------------------
+
+    def run(self) -> list:
+        t0 = time.monotonic()
+        self.timings["call"] = t0
+        try:
+            self._enter(State.CHECKING)
+            self._check()
+            self._enter(State.STARTING)
+            spec = self._prepare()
+            self._enter(State.RUNNING)
+            rows = self._run_stage(spec)
+            self._enter(State.COLLECTING)
+            results = assemble_results(rows, self.num_proc)
+            if not self.channel.wait_output(timeout=5.0):
+                self.log("some ranks' last output lines did not arrive")
+            self._enter(State.FINISHED)
+            self.log(f"{self.num_proc} ranks finished in {time.monotonic() - t0:.1f} s", 2)
+            return results
+        except BaseException:
+            self.state = State.FAILED
+            raise
+        finally:
+            self._done.set()
+            if self.channel is not None:
+                self.channel.close()
+
+    def _check(self) -> None:
+        self.spark = spark = _session.active_session(self.spark)
+        check_ssl(spark)
+        if self.num_proc is None:
+            self.num_proc = _session.default_num_proc(spark)
+        self.num_proc = int(self.num_proc)
+        if self.num_proc < 1:
+            raise ValueError(f"num_proc must be at least 1, got {self.num_proc}")
+        self._check_slots(spark)
+
+    def _check_slots(self, spark) -> None:
+        slots = _session.total_slots(spark)
+        if slots is None or slots >= self.num_proc:
+            return
+        deadline = time.monotonic() + self.start_timeout
+        next_note = time.monotonic() + 10
+        while not _session.is_local_master(spark) and time.monotonic() < deadline:
+            time.sleep(0.5)
+            slots = _session.total_slots(spark)
+            if slots is None or slots >= self.num_proc:
+                return
+            if time.monotonic() >= next_note:
+                self.log(f"waiting for task slots: {slots} of {self.num_proc} available")
+                next_note += 10
+        master = _session.master(spark)
+        waited = "" if _session.is_local_master(spark) else \
+            f" after waiting {self.start_timeout:g} s (start_timeout)"
+        raise RunError(
+            f"spark_hvd.spark.run(num_proc={self.num_proc}) runs {self.num_proc} Spark tasks at "
+            f"once (barrier mode), but the cluster offers {slots} task slot(s){waited} "
+            f"(master {master}, spark.task.cpus={_session.task_cpus(spark)}). Lower num_proc, "
+            "or give the application more executors or cores"
+            + ("." if _session.is_local_master(spark)
+               else ", or raise start_timeout if executors are still starting."))
+
+    def _prepare(self) -> _task.TaskSpec:
+        import cloudpickle
+        secret = make_secret()
+        self.job_id = secrets.token_hex(4)
+        bind, advertise = _session.channel_hosts(self.spark)
+        self.channel = DriverChannel(self.job_id, secret, self.num_proc, bind, advertise,
+                                     {STDOUT: self.stdout, STDERR: self.stderr})
+        try:
+            payload = cloudpickle.dumps((self.fn, self.args, self.kwargs))
+        except Exception as e:
+            raise RunError(f"cannot pickle fn and its arguments for the Spark tasks: {e}") from e
+        return _task.TaskSpec(
+            job_id=self.job_id, secret=secret, num_proc=self.num_proc, payload=payload,
+            channel_addr=self.channel.addr, start_timeout=self.start_timeout, env=self.env,
+            timestamp=self.timestamp, executable=self.executable, nics=self.nics,
+            verbose=self.verbose)
+
+    def _run_stage(self, spec: _task.TaskSpec):
+        spark = self.spark
+        n = self.num_proc
+        tag = f"spark_hvd_{self.job_id}"
+        df = spark.range(0, n, 1, n).mapInArrow(_task.mapper(spec), RESULT_SCHEMA,
+                                                 barrier=True)
+        threading.Thread(target=self._watch_start, args=(tag,), daemon=True,
+                         name="spark-hvd-start-watch").start()
+        spark.addTag(tag)
+        try:
+            return df.collect()
+        except KeyboardInterrupt:
+            self.channel.abort("the driver was interrupted")
+            self._interrupt(tag)
+            raise
+        except Exception as e:  # noqa: BLE001 - Py4J, Connect and Spark errors alike
+            raise self._failure(e) from e
+        finally:
+            spark.removeTag(tag)
+
+    def _interrupt(self, tag: str) -> None:
+        try:
+            self.spark.interruptTag(tag)
+        except Exception:  # noqa: BLE001
+            pass
+
+    def _watch_start(self, tag: str) -> None:
+        """Cancel the stage when the tasks do not all start within ``start_timeout``."""
+        try:
+            started = self.channel.wait_all("started", self.start_timeout, stop=self._done)
+        except RuntimeError:
+            return  # the run ended (the channel is closed)
+        if self._done.is_set():
+            return
+        if len(started) == self.num_proc:
+            self.timings["all_started"] = time.monotonic()
+            self._started_all.set()
+            self.log(f"all {self.num_proc} tasks started", level=2)
+            return
+        if not started and _session.is_connect(self.spark):
+            # A Connect client may be unreachable from the executors: then no task can say it
+            # started, and cancelling would break a run that works.
+            self.log(f"no task has reported after {self.start_timeout:g} s (start_timeout): "
+                     "either the cluster has too few free task slots or the executors cannot "
+                     f"reach this client at {self.channel.addr}")
+            return
+        self._start_timed_out = True
+        self._start_missing = sorted(set(range(self.num_proc)) - started)
+        self.channel.abort("the job did not start in time")
+        self._interrupt(tag)
+
+    def _failure(self, error: Exception) -> RunError:
+        """The RunError for a failed stage, once the other ranks were told to stop."""
+        if self._start_timed_out:
+            missing = self._start_missing
+            return RunError(
+                f"only {self.num_proc - len(missing)} of {self.num_proc} Spark tasks started "
+                f"within start_timeout={self.start_timeout:g} s (ranks {missing} did not): the "
+                "cluster has fewer free task slots than num_proc, or the executors are busy. "
+                "Lower num_proc, free or add executors, or raise start_timeout.")
+        errors = self.channel.errors()
+        report = pick_failure(errors)
+        self.channel.abort(f"rank {report['rank']} failed" if report else "the Spark job failed")
+        # Return once the other ranks are gone (their tasks kill them at the abort), so that
+        # the caller can rely on a clean slate; bounded, since Spark kills the rest anyway.
+        started = set(self.channel.ranks_with("started"))
+        self.channel.wait_all("stopped", _STOP_WAIT_SECONDS, ranks=started)
+        if report is not None:
+            others = sorted(r for r in errors if r != report["rank"])
+            also = f" (ranks {others} failed after it)" if others else ""
+            message = (f"rank {report['rank']} (host {report['host']}) failed{also}: "
+                       f"{report['summary']}\n\n{report['detail']}")
+            self.log(f"rank {report['rank']} failed: {report['summary']}")
+            return RunError(message, rank=report["rank"], host=report["host"],
+                            kind=report["kind"], detail=report["detail"])
+        rank, message = failure_from_spark_error(str(error))
+        if rank is not None:
+            return RunError(f"rank {rank} failed: {message}", rank=rank, detail=message)
+        first = str(error).strip().splitlines()
+        return RunError("the Spark job of spark_hvd.spark.run failed: "
+                        + (first[0] if first else type(error).__name__))

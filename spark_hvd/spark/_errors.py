@@ -1,0 +1,15 @@
+"""The exception ``spark_hvd.spark.run`` raises (its own module, so that the rank's process
+imports nothing of the driver's machinery)."""
+
+
+class RunError(RuntimeError):
+    """``spark_hvd.spark.run`` failed.
+
+    When a rank failed, ``rank`` is that rank, ``host`` its host, ``kind`` one of ``"user"``
+    (``fn`` raised), ``"crash"`` (the process died) or ``"internal"`` (it lost a peer), and
+    ``detail`` its Python traceback or exit status; the message holds all of them.
+    """
+
+    def __init__(self, message, rank=None, host=None, kind=None, detail=None):
+        super().__init__(message)
+        self.rank, self.host, self.kind, self.detail = rank, host, kind, detail

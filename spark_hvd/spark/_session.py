@@ -1,0 +1,123 @@
+"""What ``run`` needs to know about a SparkSession, for classic and Spark Connect sessions alike.
+
+The barrier stage itself is launched through DataFrame APIs only (``mapInArrow(...,
+barrier=True)``), which both kinds of session have. SparkContext (absent under Connect) is used
+only for better answers where it exists: the exact number of task slots.
+"""
+
+from __future__ import annotations
+
+import os
+
+from spark_hvd.common._network import route_address
+from spark_hvd.spark import _placement
+
+TRUE = ("1", "true", "yes", "on")
+
+
+def active_session(spark=None):
+    """``spark``, else the active SparkSession (a Spark Connect one first, then classic)."""
+    if spark is not None:
+        return spark
+    try:
+        from pyspark.sql.connect.session import SparkSession as ConnectSession
+        session = ConnectSession.getActiveSession()
+        if session is not None:
+            return session
+    except ImportError:  # pyspark without the connect extra
+        pass
+    from pyspark.sql import SparkSession
+    session = SparkSession.getActiveSession()
+    if session is None:
+        raise RuntimeError("spark_hvd.spark.run needs a SparkSession: create one first "
+                           "(SparkSession.builder...getOrCreate()) or pass spark=")
+    return session
+
+
+def is_connect(spark) -> bool:
+    """True for a Spark Connect session (no SparkContext on this side)."""
+    return type(spark).__module__.startswith("pyspark.sql.connect")
+
+
+def conf(spark, key: str, default: str | None = None) -> str | None:
+    """A Spark configuration value as the session sees it, ``default`` when unset."""
+    try:
+        value = spark.conf.get(key, default)
+    except Exception:  # noqa: BLE001 - unknown keys, or a session that cannot tell
+        return default
+    return default if value is None else str(value)
+
+
+def conf_flag(spark, key: str) -> bool:
+    return (conf(spark, key, "false") or "false").strip().lower() in TRUE
+
+
+def master(spark) -> str:
+    if not is_connect(spark):
+        return spark.sparkContext.master
+    return conf(spark, "spark.master", "") or ""
+
+
+def task_cpus(spark) -> int:
+    try:
+        return max(1, int(conf(spark, "spark.task.cpus", "1") or "1"))
+    except ValueError:
+        return 1
+
+
+def default_num_proc(spark) -> int:
+    """``spark.default.parallelism`` (what Horovod's ``run`` used when num_proc is None)."""
+    if not is_connect(spark):
+        return int(spark.sparkContext.defaultParallelism)
+    value = conf(spark, "spark.default.parallelism")
+    if value:
+        return int(value)
+    slots = _placement.parse_master_slots(master(spark), task_cpus(spark))
+    if slots:
+        return slots
+    raise ValueError("num_proc is not given and this Spark Connect session does not tell "
+                     "spark.default.parallelism: pass num_proc=")
+
+
+def total_slots(spark) -> int | None:
+    """How many tasks the cluster can run at once right now; None when it cannot be told."""
+    if not is_connect(spark):
+        try:
+            jsc = spark.sparkContext._jsc.sc()
+            profile = jsc.resourceProfileManager().defaultResourceProfile()
+            return int(jsc.maxNumConcurrentTasks(profile))
+        except Exception:  # noqa: BLE001 - a Spark without this (private) method
+            pass
+    return _placement.parse_master_slots(master(spark), task_cpus(spark))
+
+
+def is_local_master(spark) -> bool:
+    """Local masters never gain executors: a slot shortage there is final at once."""
+    return master(spark).startswith("local")
+
+
+def channel_hosts(spark) -> tuple[str, str]:
+    """(bind, advertised) address of the driver's channel, reachable from the executors.
+
+    Classic: ``spark.driver.bindAddress`` / ``spark.driver.host``, which Spark's executors
+    already use to reach the driver. Connect: our address on the route to the Connect server
+    (``SPARK_HVD_SPARK_DRIVER_ADDR`` overrides both).
+    """
+    override = os.environ.get("SPARK_HVD_SPARK_DRIVER_ADDR")
+    if override:
+        return override, override
+    if not is_connect(spark):
+        host = conf(spark, "spark.driver.host") or route_address("8.8.8.8")
+        bind = conf(spark, "spark.driver.bindAddress") or host
+        return bind, host
+    server = "127.0.0.1"
+    try:
+        server = spark.client._builder.host or server
+    except Exception:  # noqa: BLE001 - the client's layout is not a public API
+        pass
+    host = route_address(server.strip("[]"))
+    return host, host
+
+
+def ssl_enabled(spark) -> bool:
+    return conf_flag(spark, "spark.ssl.enabled")

@@ -1,0 +1,175 @@
+"""spark_hvd.spark.run on a real local Spark, through a classic and a Spark Connect session.
+
+One JVM serves the whole module: a classic ``local[2]`` session that also runs the Spark
+Connect server (on 127.0.0.1), and a Connect client session to it.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import re
+import socket
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("pyspark")
+pytest.importorskip("pyarrow")
+
+import cloudpickle  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent / "spark_workers"))
+import fns  # noqa: E402
+
+import spark_hvd.spark  # noqa: E402
+from spark_hvd.spark import RunError  # noqa: E402
+
+cloudpickle.register_pickle_by_value(fns)
+pytestmark = pytest.mark.timeout(240)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def spark(tmp_path_factory):
+    """A classic local[2] session with the Spark Connect server plugin."""
+    from pyspark.sql import SparkSession
+    saved = {k: os.environ.get(k) for k in ("PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON")}
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    port = _free_port()
+    session = (SparkSession.builder.master("local[2]").appName("spark_hvd-tests")
+               .config("spark.driver.host", "127.0.0.1")
+               .config("spark.driver.bindAddress", "127.0.0.1")
+               .config("spark.ui.enabled", "false")
+               .config("spark.local.dir", str(tmp_path_factory.mktemp("spark-local")))
+               .config("spark.plugins", "org.apache.spark.sql.connect.SparkConnectPlugin")
+               .config("spark.connect.grpc.binding.address", "127.0.0.1")
+               .config("spark.connect.grpc.binding.port", str(port))
+               .getOrCreate())
+    session.sparkContext.setLogLevel("FATAL")
+    session.connect_port = port
+    yield session
+    session.stop()
+    for k, v in saved.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+
+
+@pytest.fixture(scope="module")
+def connect(spark):
+    """A Spark Connect session to the module's server."""
+    from pyspark.sql.connect.session import SparkSession as ConnectSession
+    session = ConnectSession.builder.remote(f"sc://127.0.0.1:{spark.connect_port}").getOrCreate()
+    yield session
+    session.stop()
+
+
+def _pids(pid_dir: Path) -> list[int]:
+    return [int(p) for f in pid_dir.glob("rank*.pids") for p in f.read_text().split()]
+
+
+def _alive(pids, timeout=10.0):
+    import psutil
+    deadline = time.monotonic() + timeout
+    while True:
+        alive = []
+        for pid in pids:
+            try:
+                if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                    alive.append(pid)
+            except psutil.NoSuchProcess:
+                pass
+        if not alive or time.monotonic() > deadline:
+            return alive
+        time.sleep(0.1)
+
+
+def test_results_output_and_env(spark):
+    out, err = io.StringIO(), io.StringIO()
+    results = spark_hvd.spark.run(fns.rank_info, args=("classic", ["FOO", "SPARK_HVD_CYCLE_TIME"]),
+                                  num_proc=2, env={"FOO": "bar"}, stdout=out, stderr=err,
+                                  spark=spark)
+    assert [r["rank"] for r in results] == [0, 1]
+    assert all(r["size"] == 2 and r["sum"] == 3.0 and r["tag"] == "classic" for r in results)
+    assert [(r["local_rank"], r["local_size"], r["cross_size"]) for r in results] == \
+        [(0, 2, 1), (1, 2, 1)]
+    assert results[1]["env"]["FOO"] == "bar"
+    for r in range(2):
+        assert f"[{r}]<stdout>: hello rank={r} tag=classic\n" in out.getvalue()
+        assert f"[{r}]<stderr>: to stderr rank={r}\n" in err.getvalue()
+
+
+def test_driver_tuning_variables_reach_the_ranks(spark, monkeypatch):
+    monkeypatch.setenv("SPARK_HVD_CYCLE_TIME", "3")
+    results = spark_hvd.spark.run(fns.env_of, args=(["SPARK_HVD_CYCLE_TIME", "SPARK_HVD_RANK"],),
+                                  num_proc=2, spark=spark)
+    assert results == [{"SPARK_HVD_CYCLE_TIME": "3", "SPARK_HVD_RANK": "0"},
+                       {"SPARK_HVD_CYCLE_TIME": "3", "SPARK_HVD_RANK": "1"}]
+
+
+def test_default_num_proc_and_timestamps(spark):
+    out = io.StringIO()
+    assert spark_hvd.spark.run(fns.chatty, args=(1,), spark=spark, stdout=out,
+                               stderr=io.StringIO(), prefix_output_with_timestamp=True) == [0, 1]
+    assert re.search(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{3} \[1\]<stdout>: out 0 of rank 1$",
+                     out.getvalue(), re.M), out.getvalue()
+
+
+def test_exception_in_one_rank(spark, tmp_path):
+    t0 = time.monotonic()
+    with pytest.raises(RunError) as info:
+        spark_hvd.spark.run(fns.fail_on, args=(1, str(tmp_path)), num_proc=2, spark=spark,
+                            stderr=io.StringIO())
+    seconds = time.monotonic() - t0
+    e = info.value
+    assert (e.rank, e.kind) == (1, "user")
+    assert str(e).startswith("rank 1 (host 127.0.0.1) failed: ValueError: deliberate failure")
+    assert "Traceback (most recent call last)" in str(e) and "in fail_on" in str(e)
+    assert seconds < 60, seconds
+    pids = _pids(tmp_path)
+    assert len(pids) == 4  # two ranks, each with a child process of its own
+    assert _alive(pids) == []
+
+
+def test_killed_rank_fails_the_job_within_seconds(spark, tmp_path):
+    t0 = time.monotonic()
+    with pytest.raises(RunError) as info:
+        spark_hvd.spark.run(fns.die_on, args=(1, str(tmp_path)), num_proc=2, spark=spark,
+                            stderr=io.StringIO())
+    assert info.value.rank == 1 and info.value.kind == "crash"
+    assert "killed by signal 9 (SIGKILL)" in str(info.value)
+    assert time.monotonic() - t0 < 60
+    assert _alive(_pids(tmp_path)) == []
+
+
+def test_too_few_slots_is_an_immediate_clear_error(spark):
+    t0 = time.monotonic()
+    with pytest.raises(RunError, match=r"num_proc=3.*offers 2 task slot\(s\).*Lower num_proc"):
+        spark_hvd.spark.run(fns.empty, num_proc=3, spark=spark)
+    assert time.monotonic() - t0 < 5
+
+
+def test_spark_connect_session(connect, tmp_path):
+    out = io.StringIO()
+    results = spark_hvd.spark.run(fns.rank_info, args=("connect",), num_proc=2, spark=connect,
+                                  stdout=out, stderr=io.StringIO())
+    assert [(r["rank"], r["sum"], r["tag"]) for r in results] == [(0, 3.0, "connect"),
+                                                                  (1, 3.0, "connect")]
+    assert "[1]<stdout>: hello rank=1 tag=connect\n" in out.getvalue()
+    with pytest.raises(RunError) as info:
+        spark_hvd.spark.run(fns.fail_on, args=(0, str(tmp_path)), num_proc=2, spark=connect,
+                            stderr=io.StringIO())
+    assert info.value.rank == 0 and "deliberate failure on rank 0" in str(info.value)
+    assert _alive(_pids(tmp_path)) == []
+    with pytest.raises(RunError, match="offers 2 task slot"):
+        spark_hvd.spark.run(fns.empty, num_proc=4, spark=connect)

@@ -1,0 +1,34 @@
+"""spark_hvd.torch training APIs through real jobs: DistributedOptimizer (averaging, Sum,
+predivide, fp16, groups, backward_passes_per_step, sparse, clipping, warnings and errors,
+unused and dynamically frozen parameters, process sets), broadcast of parameters, optimizer
+state (SGD, Adam, AdamW, RMSprop, Adagrad, Adadelta, LBFGS) and objects, SyncBatchNorm against
+a single-process reference, model parallelism, the timeline; join() with uneven data."""
+
+import pytest
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("np_", [2, 3])
+def test_torch_training(job, tmp_path, np_):
+    job(np_, "torch_training", tmp_path, timeout=140).assert_ok(np_)
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("np_,transport", [(2, "shm"), (3, "shm"), (3, "tcp")])
+def test_torch_join_uneven_batches(job, np_, transport):
+    """Ranks with fewer batches join() and keep answering allreduces with zeros; weights match
+    a single-process reference of that schedule, join() returns the last rank to join."""
+    job(np_, "torch_join", timeout=80, transport=transport).assert_ok(np_)
+
+
+@pytest.mark.timeout(60)
+def test_torch_single_process(tmp_path):
+    """A script started without the launcher is a job of size 1 (Horovod's behaviour):
+    DistributedOptimizer installs no hooks, Adasum is accepted, init/shutdown/init works."""
+    import subprocess
+    import sys
+
+    from conftest import REPO, WORKERS, job_env
+    proc = subprocess.run([sys.executable, str(WORKERS / "torch_single.py")], cwd=REPO,
+                          env=job_env(), capture_output=True, text=True, timeout=50)
+    assert proc.returncode == 0 and "OK rank=0" in proc.stdout, proc.stdout + proc.stderr

@@ -1,0 +1,294 @@
+"""Engine features, one mode per launch: fusion, re-init, timeline, stall inspector, join,
+configuration aliases, shutdown while others still run.
+
+Usage: features.py MODE [ARGS...]
+"""
+
+import json
+import os
+import sys
+import time
+
+import numpy as np
+
+import spark_hvd.numpy as hvd
+from _wutil import Checks, close, describe_diff, make_input, tolerance
+
+
+def sum_of(xs):
+    return np.sum([x.astype(np.float64) for x in xs], axis=0)
+
+
+# -- fusion ---------------------------------------------------------------------------------
+
+def fusion(c, rounds="3"):
+    """Many small tensors submitted asynchronously (rank 1 in reverse order) give exactly the
+    results of submitting them one at a time; repeated rounds exercise the response cache,
+    and a shape change under a cached name must be renegotiated."""
+    rank, size = hvd.rank(), hvd.size()
+    dtypes = [np.float32, np.float64, np.int32, np.float16, np.int8, np.uint8, np.int64]
+    specs = []
+    for i in range(120):
+        dtype = dtypes[i % len(dtypes)]
+        shape = ((i * 7) % 50 + (i % 3),) if i % 5 else ((i % 4) + 1, 3)
+        op = [hvd.Sum, hvd.Average, hvd.Max, hvd.Min][i % 4] if dtype != np.int8 else hvd.Max
+        specs.append((f"t{i}", dtype, shape, op))
+    for rnd in range(int(rounds)):
+        if rnd == int(rounds) - 1:
+            # Same names, new shapes: cached requests must not be reused.
+            specs = [(n, d, (s[0] + 1,) + s[1:], o) for n, d, s, o in specs]
+        xs = {n: [make_input(r, s, d, (n, rnd)) for r in range(size)] for n, d, s, o in specs}
+        order = specs if rank % 2 == 0 else specs[::-1]
+        handles = {n: hvd.allreduce_async(xs[n][rank], name=n, op=o) for n, d, s, o in order}
+        fused = {n: hvd.synchronize(h) for n, h in handles.items()}
+        one_by_one = {n: hvd.allreduce(xs[n][rank], name=n, op=o) for n, d, s, o in specs}
+        for n, d, s, o in specs:
+            c.check(np.array_equal(fused[n], one_by_one[n]),
+                    f"round {rnd} {n}: fused != one by one: "
+                    f"{describe_diff(fused[n], one_by_one[n])}")
+            stack = np.stack([x.astype(np.float64) for x in xs[n]])
+            if o == hvd.Max:
+                want = stack.max(0).astype(d)
+            elif o == hvd.Min:
+                want = stack.min(0).astype(d)
+            elif o == hvd.Sum:
+                want = stack.sum(0).astype(d)
+            else:
+                want = stack.sum(0) / size
+                want = want.astype(d) if np.dtype(d).kind == "f" else np.trunc(want).astype(d)
+            rtol, atol = tolerance(d, size)
+            c.check(close(fused[n], want, rtol, atol),
+                    f"round {rnd} {n}: {describe_diff(fused[n], want)}")
+    # Grouped ops of mixed dtypes in flight at once with single ones.
+    hs = [hvd.grouped_allreduce_async([np.full(3, rank, np.float32), np.full(2, rank, np.int64)],
+                                      name=f"g{k}", op=hvd.Sum) for k in range(5)]
+    singles = [hvd.allreduce_async(np.full(4, rank, np.float64), name=f"s{k}", op=hvd.Sum)
+               for k in range(5)]
+    tot = size * (size - 1) // 2
+    for k, h in enumerate(hs):
+        a, b = hvd.synchronize(h)
+        c.check(np.all(a == tot) and np.all(b == tot) and b.dtype == np.int64, f"g{k}: {a} {b}")
+    for k, h in enumerate(singles):
+        c.check(np.all(hvd.synchronize(h) == tot), f"s{k}")
+    c.fields["threshold"] = hvd.config().fusion_threshold
+    c.fields["cache"] = hvd.config().cache_capacity
+
+
+# -- re-init --------------------------------------------------------------------------------
+
+def reinit(c, cycles="3"):
+    """init -> ops -> shutdown, several times in one process; static process sets are given
+    afresh each time."""
+    for cycle in range(int(cycles)):
+        c.check(not hvd.is_initialized(), f"cycle {cycle}: initialized before init()")
+        ps = hvd.ProcessSet([0, hvd_size_env() - 1])
+        hvd.init(process_sets=[ps])
+        c.check(hvd.is_initialized(), f"cycle {cycle}: not initialized after init()")
+        rank, size = hvd.rank(), hvd.size()
+        c.check(rank == int(os.environ["SPARK_HVD_RANK"]), f"cycle {cycle}: rank {rank}")
+        got = hvd.allreduce(np.full(4, rank + cycle, np.float32), name="same_name", op=hvd.Sum)
+        want = sum(r + cycle for r in range(size))
+        c.check(np.all(got == want), f"cycle {cycle}: allreduce {got} != {want}")
+        got = hvd.allgather(np.array([rank, cycle]), name="gather")
+        c.check(got.tolist() == [v for r in range(size) for v in (r, cycle)],
+                f"cycle {cycle}: allgather {got}")
+        got = hvd.broadcast(np.array([rank]), size - 1, name="bcast")
+        c.check(got.tolist() == [size - 1], f"cycle {cycle}: broadcast {got}")
+        if rank in ps.ranks:
+            got = hvd.allreduce(np.ones(2), name="in_set", op=hvd.Sum, process_set=ps)
+            c.check(np.all(got == len(ps.ranks)), f"cycle {cycle}: set allreduce {got}")
+        # Unnamed ops restart their numbering consistently on every rank.
+        got = hvd.allreduce(np.ones(2), op=hvd.Sum)
+        c.check(np.all(got == size), f"cycle {cycle}: unnamed allreduce")
+        hvd.barrier()
+        hvd.shutdown()
+        c.check(not hvd.is_initialized(), f"cycle {cycle}: initialized after shutdown()")
+        c.check(ps.process_set_id is None, f"cycle {cycle}: set still registered after shutdown")
+    hvd.shutdown()  # a second shutdown is harmless
+
+
+def hvd_size_env():
+    return int(os.environ["SPARK_HVD_SIZE"])
+
+
+# -- timeline -------------------------------------------------------------------------------
+
+def timeline(c, api_path=""):
+    """Named ops of every kind, some fused; with ``api_path`` also a second trace recorded
+    through start_timeline/stop_timeline with cycle marks."""
+    rank, size = hvd.rank(), hvd.size()
+
+    def ops(prefix):
+        hvd.allreduce(np.ones(8, np.float32), name=f"{prefix}allreduce_one", op=hvd.Sum)
+        hvd.grouped_allreduce([np.ones(4, np.float32) for _ in range(3)],
+                              name=f"{prefix}fused", op=hvd.Sum)
+        hvd.allgather(np.ones((rank + 1, 2), np.float32), name=f"{prefix}allgather_one")
+        hvd.broadcast(np.ones(3, np.int32), 0, name=f"{prefix}broadcast_one")
+        hvd.alltoall(np.ones(size * 2, np.float32), name=f"{prefix}alltoall_one")
+        hvd.reducescatter(np.ones((size, 2), np.float32), op=hvd.Sum,
+                          name=f"{prefix}reducescatter_one")
+        hvd.barrier()
+
+    ops("env.")
+    if api_path:
+        hvd.start_timeline(api_path, mark_cycles=True)
+        ops("api.")
+        hvd.stop_timeline()
+        ops("after_stop.")
+    hvd.shutdown()
+
+
+# -- stall inspector ------------------------------------------------------------------------
+
+def stall_warning(c, delay="3"):
+    """The last rank submits 'late_tensor' ``delay`` seconds after the others."""
+    rank, size = hvd.rank(), hvd.size()
+    if rank == size - 1:
+        time.sleep(float(delay))
+    got = hvd.allreduce(np.ones(3, np.float32), name="late_tensor", op=hvd.Sum)
+    c.check(np.all(got == size), f"late_tensor: {got}")
+    hvd.shutdown()
+
+
+def stall_shutdown(c):
+    """Rank 0 submits 'only_on_zero', the others 'never_on_zero': nobody can proceed, and the
+    stall inspector must end the job with HorovodInternalError on every rank."""
+    rank = hvd.rank()
+    t0 = time.time()
+    name = "only_on_zero" if rank == 0 else "never_on_zero"
+    e = c.raises("stalled op", hvd.HorovodInternalError, hvd.allreduce, np.ones(2), name=name,
+                 match=["stall inspector", "SPARK_HVD_STALL_SHUTDOWN_TIME_SECONDS"])
+    elapsed = time.time() - t0
+    c.check(elapsed < 15, f"the stall took {elapsed:.1f} s to end the job")
+    c.raises("op after the stall shutdown", hvd.HorovodInternalError, hvd.allreduce, np.ones(2),
+             name="later")
+    hvd.shutdown()
+    c.fields["elapsed"] = f"{elapsed:.1f}"
+    c.fields["msg"] = repr(str(e))[:160].replace(" ", "_")
+
+
+# -- join -----------------------------------------------------------------------------------
+
+def join(c, order="ascending"):
+    """Uneven numbers of steps: rank r runs steps[r] allreduces, then join()s. Joined ranks
+    contribute zeros; join() returns the last rank to join on every rank."""
+    rank, size = hvd.rank(), hvd.size()
+    steps = [3 + 2 * r for r in range(size)]
+    if order == "descending":
+        steps = steps[::-1]
+    elif order == "equal":
+        steps = [4] * size
+    for s in range(steps[rank]):
+        active = [r for r in range(size) if steps[r] > s]
+        x = np.full(5, rank + 1, np.float32)
+        got = hvd.allreduce(x, name=f"step{s}", op=hvd.Sum)
+        want = float(sum(r + 1 for r in active))
+        c.check(np.all(got == want), f"step {s}: sum {got[0]} != {want}")
+        got = hvd.allreduce(x, name=f"avg{s}", op=hvd.Average)
+        c.check(np.allclose(got, want / size), f"step {s}: average {got[0]} != {want / size}")
+        # Several tensors in flight at once (fused while some ranks have joined).
+        hs = [hvd.allreduce_async(np.full(k + 1, rank + 1, np.int32), name=f"multi{s}.{k}",
+                                  op=hvd.Sum) for k in range(4)]
+        for k, h in enumerate(hs):
+            got = hvd.synchronize(h)
+            c.check(np.all(got == int(want)), f"step {s} multi {k}: {got} != {want}")
+    last = hvd.join()
+    want_last = max(range(size), key=lambda r: (steps[r], r)) if order != "equal" else None
+    if want_last is not None:
+        c.check(last == want_last, f"join() returned {last}, expected {want_last}")
+    else:
+        c.check(0 <= last < size, f"join() returned {last}")
+    lasts = hvd.allgather(np.array([last]), name="lasts")
+    c.check(len(set(lasts.tolist())) == 1, f"join() results differ across ranks: {lasts}")
+    # The job goes on normally after everyone joined, and join works a second time.
+    got = hvd.allreduce(np.ones(2), name="after_join", op=hvd.Sum)
+    c.check(np.all(got == size), f"after join: {got}")
+    if rank == 0:
+        time.sleep(0.5)
+    last2 = hvd.join()
+    c.check(0 <= last2 < size, f"second join() returned {last2}")
+    hvd.shutdown()
+    c.fields["last"] = last
+
+
+# -- configuration --------------------------------------------------------------------------
+
+def config(c, fusion="", cycle="", cache="", timeline_expected=""):
+    cfg = hvd.config()
+    if fusion:
+        c.check(cfg.fusion_threshold == int(fusion), f"fusion_threshold {cfg.fusion_threshold}")
+    if cycle:
+        c.check(cfg.cycle_time_ms == float(cycle), f"cycle_time_ms {cfg.cycle_time_ms}")
+    if cache:
+        c.check(cfg.cache_capacity == int(cache), f"cache_capacity {cfg.cache_capacity}")
+    if timeline_expected:
+        c.check(cfg.timeline == timeline_expected, f"timeline {cfg.timeline!r}")
+    rank = hvd.rank()
+    # Grouped tensors are fused unless the threshold forbids it (visible in the timeline).
+    hvd.grouped_allreduce([np.ones(4, np.float32) for _ in range(4)], name="cfg_group", op=hvd.Sum)
+    t0 = time.perf_counter()
+    for i in range(20):
+        hvd.allreduce(np.ones(1, np.float32), name="cfg_tick", op=hvd.Sum)
+    c.fields["ms_per_op"] = f"{(time.perf_counter() - t0) * 50:.2f}"
+    hvd.shutdown()
+    c.fields["rank"] = rank
+
+
+# -- shutdown while others still run ---------------------------------------------------------
+
+def early_shutdown(c, who="0"):
+    """Rank ``who`` shuts down right after the first op while the others continue: their later
+    ops must fail (not hang), and every rank's shutdown returns."""
+    who = int(who)
+    rank, size = hvd.rank(), hvd.size()
+    hvd.allreduce(np.ones(2), name="first", op=hvd.Sum)
+    if rank == who:
+        t0 = time.time()
+        hvd.shutdown()
+        c.check(time.time() - t0 < 20, f"shutdown took {time.time() - t0:.1f} s")
+        c.raises("op after own shutdown", ValueError, hvd.allreduce, np.ones(2), name="x",
+                 match="init")
+        return
+    time.sleep(0.5)
+    h = hvd.allreduce_async(np.ones(2), name="late_async", op=hvd.Sum)
+    e = c.raises("op while a rank has shut down", (hvd.HorovodInternalError, ValueError),
+                 hvd.allreduce, np.ones(2), name="late", op=hvd.Sum,
+                 match=[f"ranks [{who}]", "shut down", "late"])
+    c.raises("async op while a rank has shut down", (hvd.HorovodInternalError, ValueError),
+             hvd.synchronize, h, match=["shut down"])
+    t0 = time.time()
+    hvd.shutdown()
+    c.check(time.time() - t0 < 20, f"shutdown took {time.time() - t0:.1f} s")
+    c.fields["error"] = type(e).__name__ if e else None
+
+
+def exit_without_shutdown(c):
+    """Ranks that simply exit (atexit shuts down) while another is still working."""
+    rank = hvd.rank()
+    hvd.allreduce(np.ones(2), name="first", op=hvd.Sum)
+    if rank != 0:
+        c.finish()
+        sys.exit(0)  # atexit calls shutdown()
+    time.sleep(0.5)
+    c.raises("op after the others exited", (hvd.HorovodInternalError, ValueError),
+             hvd.allreduce, np.ones(2), name="late", op=hvd.Sum)
+    hvd.shutdown()
+
+
+class FieldChecks(Checks):
+    def __init__(self, rank):
+        super().__init__(rank)
+        self.fields = {}
+
+
+def main():
+    mode, args = sys.argv[1], sys.argv[2:]
+    c = FieldChecks(int(os.environ.get("SPARK_HVD_RANK", "0")))
+    if mode != "reinit":
+        hvd.init()
+    globals()[mode](c, *args)
+    c.finish(**c.fields)
+
+
+if __name__ == "__main__":
+    main()
