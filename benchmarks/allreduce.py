@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Allreduce benchmark: spark_hvd vs torch.distributed (gloo) vs OpenMPI (mpi4py), side by side.
 
-    .venv/bin/python benchmarks/allreduce.py            # full run (a few minutes)
+    .venv/bin/python benchmarks/allreduce.py            # full run (4-6 minutes)
     .venv/bin/python benchmarks/allreduce.py --quick    # about a minute, fewer repetitions
     .venv/bin/python benchmarks/allreduce.py --systems spark_hvd,mpi --sizes 4B,16MiB
 
@@ -14,6 +14,8 @@ Each system runs on its own (never two at once) as 2 processes on this host:
 For every size: one correctness check (a rank- and position-dependent pattern must sum exactly),
 warm-up, then repetitions; before each repetition all ranks meet at the system's own barrier, and
 each op is timed alone. Reported: rank 0's median. Bus bandwidth = bytes / time * 2(n-1)/n.
+The whole set runs --rounds times (default 3), in rotated order; per size, each system's best
+round is shown (the machine may be shared and noisy).
 Then the "gradient set": 200 tensors of 16 KiB per step, all submitted asynchronously and then
 waited for (spark_hvd allreduce_async_ + synchronize, MPI Iallreduce + Waitall, gloo
 all_reduce(async_op=True) + wait; gloo one by one too); median step time.
@@ -145,9 +147,10 @@ def commands_for(system, plan_json, args):
         return [worker + ["--rank", str(r), "--size", str(NP), "--port", port]
                 for r in range(NP)], env, None
     if system == "mpi":
-        mpirun = args.mpirun or shutil.which("mpirun")
+        mpirun = shutil.which(args.mpirun) if args.mpirun else shutil.which("mpirun")
         if not mpirun:
-            return None, env, "mpirun not found on PATH (install OpenMPI or pass --mpirun)"
+            return None, env, (f"{args.mpirun} is not an executable" if args.mpirun else
+                               "mpirun not found on PATH (install OpenMPI or pass --mpirun)")
         try:
             import importlib.util
             if importlib.util.find_spec("mpi4py") is None:
@@ -206,7 +209,13 @@ def run_system(system, plan, args):
     log(f"[{system}] starting: {' '.join(cmds[0][:cmds[0].index('--plan')])} ...")
     result["load"] = [loadavg()]
     t0 = result["_t0"] = time.monotonic()
-    job = Job(cmds, env)
+    try:
+        job = Job(cmds, env)
+    except OSError as e:
+        result["errors"].append(f"could not start {cmds[0][0]}: {e}")
+        result["wall_s"] = 0.0
+        log(f"[{system}] FAILED: {result['errors'][-1]}")
+        return result
     tail = collections.deque(maxlen=40)
     last_progress = time.monotonic()
     first_exit = None
@@ -317,10 +326,15 @@ def merge_rounds(runs):
               "skipped": runs[0].get("skipped"), "wall_s": sum(r["wall_s"] or 0 for r in runs),
               "rounds": len(runs), "round_medians": {"sizes": {}, "grad": {}},
               "load": [x for r in runs for x in r.get("load", []) if x is not None]}
+    cores = []
     for i, run in enumerate(runs):
         merged["meta"] = merged["meta"] or run["meta"]
+        core = run["meta"].get("core")
+        if core and core not in cores:
+            cores.append(core)
         merged["errors"] += [f"round {i + 1}: {e}" if len(runs) > 1 else e
                              for e in run["errors"]]
+    merged["cores"] = cores
     for section in ("sizes", "grad"):
         keys = sorted({k for run in runs for k in run[section]}, key=str)
         for key in keys:
@@ -441,6 +455,11 @@ def report(results, plan, args, started):
                 if s == "spark_hvd" and "shared_memory" in m else ""
             if s == "spark_hvd" and args.source:
                 extra += f", source {args.source}"
+            if s == "spark_hvd" and m.get("core"):
+                extra += f", core {m['core']} built {m.get('core_built', '?')}"
+            if len(r.get("cores", [])) > 1:
+                extra += (f"  [WARNING: the native core was rebuilt during the run "
+                          f"({' -> '.join(r['cores'])}): rounds mix versions; run again]")
             out.append(f"  {LABEL[s]}: {m.get('version', '?')}{extra}"
                        + (f"  [FAILED: {'; '.join(r['errors'])}]" if r["errors"] else ""))
     out.append("")
@@ -482,6 +501,7 @@ def report(results, plan, args, started):
         out.append(f"Gradient set: {g['tensors']} tensors of {fmt_size(g['elems'] * 4)} per step, "
                    f"median step time over {g['steps']} steps "
                    f"({g['sync_steps']} for gloo one by one) after warm-up")
+        out.append("")
         rows = []
         mpi_rec = usable(mpi, None, "async")
         gloo_rec = usable(gloo, None, "async")
@@ -494,7 +514,7 @@ def report(results, plan, args, started):
                 continue
             rec = usable(results[s], None, variant)
             if rec is None:
-                rows.append([LABEL[s], how, cell_missing(results[s], None, variant), "-", "-", "-", "-"])
+                rows.append([LABEL[s], how, cell_missing(results[s], None, variant)] + ["-"] * 4)
                 continue
             t = rec["median_s"]
             rows.append([LABEL[s], how, f"{t * 1e3:.3f}",
@@ -596,10 +616,11 @@ def main(argv=None):
                                 epilog="Progress goes to stderr; the tables and verdicts to "
                                        "stdout (Markdown).")
     p.add_argument("--quick", action="store_true",
-                   help="a tenth of the repetitions, 2 rounds, fewer gradient-set steps (about 1 minute)")
+                   help="a tenth of the repetitions, 1 round, fewer gradient-set steps "
+                        "(about 1 minute)")
     p.add_argument("--rounds", type=int, default=0,
                    help="run every system this many times, interleaved, and keep each size's "
-                        "best round (default 3, 2 with --quick)")
+                        "best round (default 3, 1 with --quick)")
     p.add_argument("--reps", type=int, default=0,
                    help="the same number of timed repetitions at every size "
                         "(default: 1000 up to 16 KiB falling to 10 at 256 MiB)")
@@ -636,7 +657,7 @@ def main(argv=None):
     args.sizes = sorted(set(x for group in args.sizes for x in group)) if args.sizes \
         else list(DEFAULT_SIZES)
     if not args.rounds:
-        args.rounds = 2 if args.quick else 3
+        args.rounds = 1 if args.quick else 3
     if not args.timeout:
         args.timeout = 120 if args.quick else 420
     systems = [s.strip() for s in args.systems.split(",") if s.strip()]

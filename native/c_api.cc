@@ -93,6 +93,13 @@ Entry make_entry(const shvd_op& op, Engine& eng) {
   if (!sets.exists(r.process_set))
     throw OpMismatchError("process set " + std::to_string(r.process_set) +
                           " does not exist; add it with add_process_set() first");
+  // Names are scoped by process set: disjoint sets may use the same tensor names (each
+  // set's training loop names its gradients alike) without colliding in negotiation.
+  if (r.process_set != 0) {
+    const std::string scope = " (process set " + std::to_string(r.process_set) + ")";
+    r.name += scope;
+    if (!r.group.empty()) r.group += scope;
+  }
   const int set_size = int(sets.members(r.process_set).size());
   if (sets.index_of(r.process_set, my_rank) < 0)
     throw OpMismatchError("rank " + std::to_string(my_rank) + " is not a member of process set " +

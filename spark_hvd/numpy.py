@@ -72,10 +72,10 @@ def allreduce_async_(array, average=None, name=None, op=None, prescale_factor=1.
 
 def _allreduce_into(array, out, average, name, op, prescale, postscale, process_set):
     reduce_op = _ops.resolve_reduce_op(op, average)
-    h = _ops.enqueue_one(OP_ALLREDUCE, _ops.auto_name("allreduce", name), _dtype_code(array),
+    ps = process_set_id(process_set)
+    h = _ops.enqueue_one(OP_ALLREDUCE, _ops.auto_name("allreduce", name, ps), _dtype_code(array),
                          array.shape, _ptr(array), _ptr(out), reduce_op=reduce_op,
-                         prescale=prescale, postscale=postscale,
-                         process_set=process_set_id(process_set))
+                         prescale=prescale, postscale=postscale, process_set=ps)
 
     def finish(ids):
         _ops.wait(ids[0])
@@ -102,10 +102,10 @@ def grouped_allreduce_async(arrays, average=None, name=None, op=None, prescale_f
                             postscale_factor=1.0, process_set=global_process_set):
     """Allreduce of several arrays negotiated together and fused into one collective."""
     reduce_op = _ops.resolve_reduce_op(op, average)
-    group = _ops.auto_name("grouped_allreduce", name)
+    ps = process_set_id(process_set)
+    group = _ops.auto_name("grouped_allreduce", name, ps)
     arrays = [_contiguous(a) for a in arrays]
     outs = [np.empty_like(a) for a in arrays]
-    ps = process_set_id(process_set)
     ops = [_ops.make_op(OP_ALLREDUCE, f"{group}.{i}", _dtype_code(a), a.shape, _ptr(a), _ptr(o),
                         reduce_op=reduce_op, prescale=prescale_factor,
                         postscale=postscale_factor, process_set=ps, group=group,
@@ -132,8 +132,9 @@ def allgather_async(array, name=None, process_set=global_process_set):
     array = _contiguous(array)
     if array.ndim == 0:
         array = array.reshape(1)
-    h = _ops.enqueue_one(OP_ALLGATHER, _ops.auto_name("allgather", name), _dtype_code(array),
-                         array.shape, _ptr(array), None, process_set=process_set_id(process_set))
+    ps = process_set_id(process_set)
+    h = _ops.enqueue_one(OP_ALLGATHER, _ops.auto_name("allgather", name, ps), _dtype_code(array),
+                         array.shape, _ptr(array), None, process_set=ps)
     return _ops.Handle([h], _result_from_output(array.dtype), keepalive=array)
 
 
@@ -157,9 +158,10 @@ def broadcast_async_(array, root_rank, name=None, process_set=global_process_set
 
 
 def _broadcast_into(array, out, root_rank, name, process_set):
-    h = _ops.enqueue_one(OP_BROADCAST, _ops.auto_name("broadcast", name), _dtype_code(array),
+    ps = process_set_id(process_set)
+    h = _ops.enqueue_one(OP_BROADCAST, _ops.auto_name("broadcast", name, ps), _dtype_code(array),
                          array.shape, _ptr(array), _ptr(out), root_rank=int(root_rank),
-                         process_set=process_set_id(process_set))
+                         process_set=ps)
 
     def finish(ids):
         _ops.wait(ids[0])
@@ -181,9 +183,9 @@ def alltoall_async(array, splits=None, name=None, process_set=global_process_set
     """Starts an alltoall; the handle's result is ``(received array, received splits)``."""
     array = _contiguous(array)
     splits = () if splits is None else tuple(np.asarray(splits, dtype=np.int64).reshape(-1).tolist())
-    h = _ops.enqueue_one(OP_ALLTOALL, _ops.auto_name("alltoall", name), _dtype_code(array),
-                         array.shape, _ptr(array), None, process_set=process_set_id(process_set),
-                         splits=splits)
+    ps = process_set_id(process_set)
+    h = _ops.enqueue_one(OP_ALLTOALL, _ops.auto_name("alltoall", name, ps), _dtype_code(array),
+                         array.shape, _ptr(array), None, process_set=ps, splits=splits)
 
     def finish(ids):
         data, shape, received = _ops.wait_output(ids[0])
@@ -205,10 +207,11 @@ def reducescatter_async(array, op=None, name=None, process_set=global_process_se
     """Starts a reducescatter; the result is this rank's block of the reduced array."""
     array = _contiguous(array)
     reduce_op = _ops.resolve_reduce_op(op, None)
-    h = _ops.enqueue_one(OP_REDUCESCATTER, _ops.auto_name("reducescatter", name),
+    ps = process_set_id(process_set)
+    h = _ops.enqueue_one(OP_REDUCESCATTER, _ops.auto_name("reducescatter", name, ps),
                          _dtype_code(array), array.shape, _ptr(array), None,
                          reduce_op=reduce_op, prescale=prescale_factor,
-                         postscale=postscale_factor, process_set=process_set_id(process_set))
+                         postscale=postscale_factor, process_set=ps)
     return _ops.Handle([h], _result_from_output(array.dtype), keepalive=array)
 
 
@@ -223,8 +226,9 @@ def reducescatter(array, op=None, name=None, process_set=global_process_set,
 
 def barrier(process_set=global_process_set):
     """Returns once every rank of ``process_set`` has called barrier."""
-    h = _ops.enqueue_one(OP_BARRIER, _ops.auto_name("barrier", None), UINT8, (), None, None,
-                         process_set=process_set_id(process_set))
+    ps = process_set_id(process_set)
+    h = _ops.enqueue_one(OP_BARRIER, _ops.auto_name("barrier", None, ps), UINT8, (), None, None,
+                         process_set=ps)
     _ops.wait(h)
 
 

@@ -173,3 +173,17 @@ def test_spark_connect_session(connect, tmp_path):
     assert _alive(_pids(tmp_path)) == []
     with pytest.raises(RunError, match="offers 2 task slot"):
         spark_hvd.spark.run(fns.empty, num_proc=4, spark=connect)
+
+
+def test_works_when_executors_cannot_reach_the_driver_channel(spark, monkeypatch, tmp_path):
+    # As for a Spark Connect client the cluster cannot reach: no live output, but results and
+    # failures (from Spark's own error) still come back.
+    from spark_hvd.spark import _session
+    monkeypatch.setattr(_session, "channel_hosts", lambda s: ("127.0.0.1", "127.0.0.9"))
+    assert spark_hvd.spark.run(fns.chatty, args=(1,), num_proc=2, spark=spark) == [0, 1]
+    with pytest.raises(RunError) as info:
+        spark_hvd.spark.run(fns.fail_on, args=(1, str(tmp_path)), num_proc=2, spark=spark)
+    assert info.value.rank == 1
+    assert "ValueError: deliberate failure on rank 1" in str(info.value)
+    assert "in fail_on" in str(info.value)
+    assert _alive(_pids(tmp_path), timeout=20) == []

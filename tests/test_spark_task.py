@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent / "spark_workers"))
 import fns  # noqa: E402
 
 from spark_hvd.spark import _task  # noqa: E402
-from spark_hvd.spark._channel import STDERR, STDOUT, DriverChannel  # noqa: E402
+from spark_hvd.spark._channel import STDERR, STDOUT, DriverChannel, TaskChannel  # noqa: E402
 from spark_hvd.spark._controller import assemble_results, pick_failure  # noqa: E402
 
 pytest.importorskip("pyarrow")
@@ -44,9 +44,10 @@ class ListSink:
 class FakeStage:
     """A barrier stage of len(addresses) tasks; partition p runs on executor addresses[p]."""
 
-    def __init__(self, addresses, gpus=None):
+    def __init__(self, addresses, gpus=None, attempt=0):
         self.addresses = addresses
         self.gpus = gpus
+        self.attempt = attempt
         self.barrier = threading.Barrier(len(addresses), timeout=60)
         self.slots = [None] * len(addresses)
 
@@ -58,7 +59,7 @@ class FakeStage:
                 return pid
 
             def attemptNumber(self):
-                return 0
+                return stage.attempt
 
             def getTaskInfos(self):
                 return [types.SimpleNamespace(address=a) for a in stage.addresses]
@@ -82,7 +83,7 @@ class Job:
     """Runs ``fn`` on a fake stage; ``results``/``errors`` per partition, output lines."""
 
     def __init__(self, fn, args=(), addresses=("127.0.0.1:7077",) * 2, env=None, gpus=None,
-                 start_timeout=30):
+                 start_timeout=30, attempt=0, before=None):
         self.out, self.err = ListSink(), ListSink()
         n = len(addresses)
         self.channel = DriverChannel("testjob", b"s" * 32, n, "127.0.0.1", "127.0.0.1",
@@ -92,7 +93,9 @@ class Job:
             payload=cloudpickle.dumps((fn, tuple(args), {})), channel_addr=self.channel.addr,
             start_timeout=start_timeout, env=dict(env or {}), timestamp=False,
             executable=sys.executable, nics=None, verbose=1)
-        self.stage = FakeStage(list(addresses), gpus)
+        self.stage = FakeStage(list(addresses), gpus, attempt)
+        if before is not None:
+            before(self)
         self.rows: dict[int, list] = {}
         self.errors: dict[int, BaseException] = {}
         self.seconds = None
@@ -266,3 +269,17 @@ def test_error_report_is_json_with_the_failing_rank(job):
     assert errors[0]["kind"] == "user"
     json.dumps(errors)  # reports stay plain data
     assert os.environ.get("SPARK_HVD_RANK") is None  # the test process was not touched
+
+
+def test_a_retried_attempt_does_not_rerun_a_user_error(job, tmp_path):
+    def earlier_attempt_failed(j):
+        earlier = TaskChannel(j.channel.addr, b"s" * 32, "testjob", 1).start()
+        assert earlier.put_global("user_error", b"rank 1: ValueError: boom")
+        earlier.close()
+
+    j = job(fns.record_pids, args=(str(tmp_path), 0), attempt=1, before=earlier_attempt_failed)
+    assert set(j.errors) == {0, 1}
+    assert "not running fn again on rank" in str(j.errors[0])
+    assert "ValueError: boom" in str(j.errors[0])
+    assert list(tmp_path.iterdir()) == []  # fn never ran
+    assert any("Spark task attempt 2" in line for line in j.err.lines)

@@ -197,7 +197,7 @@ def test_channel_carries_output_status_and_abort():
     driver = DriverChannel("j1", b"x" * 32, 2, "127.0.0.1", "127.0.0.1",
                            {STDOUT: out, STDERR: err})
     try:
-        tasks = [TaskChannel(driver.addr, b"x" * 32, "j1", r) for r in range(2)]
+        tasks = [TaskChannel(driver.addr, b"x" * 32, "j1", r).start() for r in range(2)]
         aborted = threading.Event()
         tasks[1].watch("abort", lambda v: aborted.set())
         for i in range(700):  # more than one window of chunks

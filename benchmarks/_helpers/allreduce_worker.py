@@ -60,6 +60,7 @@ class SparkHvd:
             info["version"] = version("spark-hvd")
         except Exception:
             pass
+        info.update(_loaded_library("libspark_hvd_core"))
         return info
 
     def barrier(self):
@@ -171,6 +172,24 @@ class Mpi:
 
 
 SYSTEMS = {"spark_hvd": SparkHvd, "gloo": Gloo, "mpi": Mpi}
+
+
+def _loaded_library(stem):
+    """Path, mtime and short sha256 of the shared library this process mapped, so a run can
+    tell when the native core was rebuilt between two rounds."""
+    try:
+        with open("/proc/self/maps") as f:
+            paths = {line.split()[-1] for line in f if stem in line}
+        path = sorted(paths)[0]
+        import datetime
+        import hashlib
+        with open(path, "rb") as f:
+            digest = hashlib.sha256(f.read()).hexdigest()[:12]
+        mtime = datetime.datetime.fromtimestamp(os.path.getmtime(path))
+        return {"core": digest, "core_built": mtime.isoformat(timespec="seconds"),
+                "core_path": path}
+    except (OSError, IndexError):
+        return {}
 
 
 # ---------------------------------------------------------------------------------------------

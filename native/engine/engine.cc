@@ -275,6 +275,15 @@ void Engine::run_coordinator() {
 
   ResponseBatch batch;
   batch.responses = coordinator_->take_ready(now);
+  if (timeline_.active()) {
+    // Negotiated: from here until its collective starts, a tensor waits behind earlier ones.
+    for (const Response& resp : batch.responses)
+      for (const auto& name : resp.names)
+        if (table_.count(name)) {
+          timeline_.end(name, "NEGOTIATE");
+          timeline_.begin(name, "QUEUE");
+        }
+  }
   batch.shutdown = coordinator_->all_shut_down();
   if (batch.responses.empty() && !batch.shutdown) return;
   const std::string frame = encode(batch);
@@ -376,6 +385,7 @@ void Engine::execute_response(const Response& resp) {
   for (const auto& name : resp.names) {
     auto it = table_.find(name);
     entries.push_back(it == table_.end() ? nullptr : &it->second);
+    if (it != table_.end() && timeline_.active()) timeline_.end(name, "QUEUE");
   }
   // Keep the response cache in step with the coordinator's.
   for (size_t i = 0; i < resp.names.size(); ++i) {
@@ -390,8 +400,6 @@ void Engine::execute_response(const Response& resp) {
       if (e) complete(*e, resp.error_is_mismatch ? SHVD_ERR_INVALID : SHVD_ERR_INTERNAL, resp.error);
   } else if (my_index >= 0) {
     const Communicator& comm = communicator(resp.process_set);
-    for (size_t i = 0; i < resp.names.size(); ++i)
-      if (entries[i] && timeline_.active()) timeline_.end(resp.names[i], "NEGOTIATE");
     switch (resp.op) {
       case OpType::kAllreduce: run_allreduce(resp, entries, comm); break;
       case OpType::kAllgather: run_allgather(resp, *entries[0], comm); break;

@@ -20,12 +20,14 @@ _name_counters = defaultdict(itertools.count)
 
 
 
-def auto_name(kind, name):
-    """Horovod's rule: unnamed ops are named by a per-kind counter, so every rank must issue
-    its unnamed ops in the same order."""
+def auto_name(kind, name, process_set_id=0):
+    """Horovod's rule: unnamed ops are numbered per kind, so every rank must issue its unnamed
+    ops in the same order. Counting per process set as well keeps the ranks of one set in step
+    when other sets run unnamed ops the set's members never see."""
     if name is not None:
         return str(name)
-    return f"{kind}.noname.{next(_name_counters[kind])}"
+    n = next(_name_counters[(kind, process_set_id)])
+    return f"{kind}.noname.{n}" if not process_set_id else f"{kind}.set{process_set_id}.noname.{n}"
 
 
 def resolve_reduce_op(op, average, default=Average):

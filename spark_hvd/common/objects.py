@@ -36,8 +36,8 @@ def _my_index(process_set):
 def broadcast_object(obj, root_rank=0, name=None, process_set=global_process_set):
     """Returns the root rank's ``obj`` (pickled, any picklable object) on every rank of
     ``process_set``; ``root_rank`` counts within the set."""
-    name = _ops.auto_name("broadcast_object", name)
     set_id = process_set_id(process_set)
+    name = _ops.auto_name("broadcast_object", name, set_id)
     if _my_index(process_set) == root_rank:
         payload = np.frombuffer(pickle.dumps(obj), dtype=np.uint8)
     else:
@@ -52,8 +52,8 @@ def broadcast_object(obj, root_rank=0, name=None, process_set=global_process_set
 
 def allgather_object(obj, name=None, process_set=global_process_set):
     """Returns the list of every rank's ``obj`` (pickled), in rank order."""
-    name = _ops.auto_name("allgather_object", name)
     set_id = process_set_id(process_set)
+    name = _ops.auto_name("allgather_object", name, set_id)
     payload = np.frombuffer(pickle.dumps(obj), dtype=np.uint8)
     sizes = _allgather_array(np.array([payload.size], dtype=np.int64), f"{name}.sizes", set_id)
     data = _allgather_array(payload, f"{name}.data", set_id)

@@ -149,10 +149,12 @@ class DriverChannel:
             pass
 
     def wait_output(self, timeout: float) -> bool:
-        """Wait until every rank's output has ended; False if some did not within ``timeout``."""
+        """Wait until the output of every rank that reached the driver has ended; False if
+        some did not within ``timeout``. (A rank whose task could not reach the driver wrote
+        its output to its executor's log.)"""
         deadline = time.monotonic() + timeout
-        for e in self._eof:
-            if not e.wait(max(0.0, deadline - time.monotonic())):
+        for r in self.ranks_with("started"):
+            if not self._eof[r].wait(max(0.0, deadline - time.monotonic())):
                 return False
         return True
 
@@ -174,12 +176,12 @@ class _StreamSink:
 
 
 class TaskChannel:
-    """A task's end. Connects in the background so the rank starts at once; lines written
-    before the connection is up are kept and sent (or, if the driver cannot be reached, written
-    to this executor's log)."""
+    """A task's end. Connects in the background (from :meth:`start`) so the rank starts at
+    once; lines written before the connection is up are kept and sent (or, if the driver cannot
+    be reached, written to this executor's log)."""
 
     def __init__(self, addr: str | None, secret: bytes, job_id: str, rank: int,
-                 connect_timeout: float = 10.0, fallback=None):
+                 connect_timeout: float = 5.0, fallback=None):
         self.rank = rank
         self.job_id = job_id
         self.ctl_scope = f"{job_id}/ctl"
@@ -198,7 +200,12 @@ class TaskChannel:
         self.stderr = _StreamSink(self, STDERR)
         self._sender = threading.Thread(target=self._send_loop, daemon=True,
                                         name=f"spark-hvd-channel-{rank}")
-        self._sender.start()
+
+    def start(self) -> "TaskChannel":
+        """Start connecting (lines written before are kept)."""
+        if not self._sender.is_alive() and not self._ready.is_set():
+            self._sender.start()
+        return self
 
     # -- connection -----------------------------------------------------------------------
 
@@ -212,6 +219,7 @@ class TaskChannel:
 
     def wait_ready(self, timeout: float | None = None) -> bool:
         """Wait for the connection attempt to end; True when the driver is reachable."""
+        self.start()
         self._ready.wait(timeout)
         return self.connected
 
@@ -284,6 +292,7 @@ class TaskChannel:
 
     def close_output(self, timeout: float = 10.0) -> None:
         """Send what is queued, then the end of this rank's output."""
+        self.start()
         if not self._closed:
             self._closed = True
             self._lines.put(None)

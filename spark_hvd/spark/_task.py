@@ -166,8 +166,10 @@ class _RankTask:
         return {"CUDA_VISIBLE_DEVICES": _placement.visible_devices(mine, [g for _, g in host])}
 
     def _child_env(self, rendezvous_addr: str, bind_addr: str) -> dict[str, str]:
-        base = {k: v for k, v in os.environ.items()
-                if k not in _WORKER_ONLY and not k.startswith(("SPARK_HVD_", "HOROVOD_"))}
+        # The executor's environment (spark.executorEnv.* included), less Spark's worker
+        # protocol; the driver's tuning variables and env= override it, the bootstrap
+        # variables override everything.
+        base = {k: v for k, v in os.environ.items() if k not in _WORKER_ONLY}
         # The worker's import path (Spark adds --py-files and archives at run time), so the
         # rank can import what fn refers to.
         base["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
@@ -189,6 +191,7 @@ class _RankTask:
     def _start(self) -> None:
         attempt = self.ctx.attemptNumber()
         if attempt > 0:
+            self.channel.start()
             self.channel.log(f"rank {self.rank}: Spark task attempt {attempt + 1} (an earlier "
                              "attempt of this barrier stage failed)")
             earlier = self.channel.get_global("user_error")
@@ -205,7 +208,13 @@ class _RankTask:
         bind_addr = _bind_address(self.address, self.spec.nics)
         env = self._child_env(f"127.0.0.1:{port}", bind_addr)
         command = [self.spec.executable or sys.executable, "-m", "spark_hvd.spark._child"]
+        # Spawn before this task starts threads of its own (the spawn runs code between fork
+        # and exec).
         self.proc = spawn(self.rank, self.address, command, env, os.getcwd(), remote=False)
+        self.channel.start()
+        if self.spec.verbose >= 2:
+            self.channel.log(f"rank {self.rank}: pid {self.proc.popen.pid} on executor "
+                             f"{self.address}, listening on {bind_addr}")
         ts = self.spec.timestamp
         self.output_threads = [
             forward(self.proc.popen.stdout, self.rank, "stdout", self.channel.stdout, None, ts),

@@ -50,13 +50,15 @@ def broadcast_parameters(params, root_rank, prefix=None, process_set=global_proc
         raise ValueError(f"invalid params of type: {type(params)}")
     else:
         items = [p if isinstance(p, tuple) else (None, p) for p in params]
+    set_id = process_set_id(process_set)
+    scope = f"broadcast.set{set_id}." if set_id else "broadcast."
     tensors, names = [], []
     for name, p in items:
         if not isinstance(p, torch.Tensor):
             raise ValueError(f"broadcast_parameters: {name!r} is a {type(p).__name__}, not a "
                              "tensor; broadcast other values with broadcast_object")
         tensors.append(_wire(p))
-        names.append(None if name is None else f"broadcast.{prefix or ''}{name}")
+        names.append(None if name is None else f"{scope}{prefix or ''}{name}")
     synchronize(_broadcast_many_(tensors, root_rank, names, process_set))
 
 

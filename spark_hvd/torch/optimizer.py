@@ -15,6 +15,7 @@ schedulers work on either object.
 """
 
 import warnings
+import weakref
 from contextlib import contextmanager
 
 import torch
@@ -54,7 +55,8 @@ class _DistributedOptimizer:
         names = named_parameters_of(named_parameters, all_params)
         k = _instances[0]
         _instances[0] += 1
-        prefix = "grad." if k == 0 else f"grad{k}."
+        set_id = process_set.process_set_id or 0
+        prefix = ("grad" if k == 0 else f"grad{k}") + (f".set{set_id}." if set_id else ".")
         self._name_prefix = prefix
         self._parameter_names = {p: prefix + names[id(p)] for p in all_params}
         self._compression = compression
@@ -105,7 +107,14 @@ class _DistributedOptimizer:
             self._hook_handles.append(p.register_post_accumulate_grad_hook(self._make_hook(p)))
 
     def _make_hook(self, p):
+        # The hook holds the optimizer weakly: a DistributedOptimizer that the script dropped
+        # (replaced by a new one) is collected, and its hooks are removed.
+        ref = weakref.ref(self)
+
         def hook(_param):
+            self = ref()
+            if self is None:
+                return
             if self._allreduce_delay[p] <= 0:
                 raise AssertionError(_TOO_MANY_PASSES)
             self._pending += 1
@@ -175,6 +184,10 @@ class _DistributedOptimizer:
             p.grad = output if output.is_sparse else output.to_sparse(grad.sparse_dim())
         elif output.data_ptr() != grad.data_ptr():
             grad.copy_(output)
+
+    def __del__(self):
+        for h in getattr(self, "_hook_handles", ()):
+            h.remove()
 
     # -- public API -------------------------------------------------------------------------
 

@@ -82,8 +82,8 @@ class _SyncBatchNormFunction(torch.autograd.Function):
             mean_dy = sums[:c] / ctx.total
             mean_dy_xmu = sums[c:] / ctx.total
             scale = invstd if weight is None else invstd * weight.to(x.dtype)
-            grad_input = (dy - mean_dy.view(shape) - xmu * (invstd ** 2 * mean_dy_xmu).view(shape)) \
-                * scale.view(shape)
+            correction = xmu * (invstd ** 2 * mean_dy_xmu).view(shape)
+            grad_input = (dy - mean_dy.view(shape) - correction) * scale.view(shape)
             grad_input = grad_input.to(input.dtype)
         return grad_input, grad_weight, grad_bias, None, None, None, None, None
 

@@ -17,6 +17,8 @@ import spark_hvd.numpy as hvd
 from _wutil import ALL_DTYPES, Checks, close, describe_diff, digest, make_input, tolerance
 
 SHAPES = [(0,), (1,), (7,), (3, 5), (2, 3, 4), (1031,), (33, 1025)]
+# Subsets run every op and dtype too, on fewer shapes (their ranks wait for each other).
+SUBSET_SHAPES = [(0,), (7,), (2, 3, 4), (1031,)]
 REDUCE_OPS = {"Sum": hvd.Sum, "Average": hvd.Average, "Min": hvd.Min, "Max": hvd.Max,
               "Product": hvd.Product}
 
@@ -88,6 +90,7 @@ class Suite:
         self.digests = []
         self.pending = []
         self.turn = 0
+        self.shapes = SHAPES if setname == "global" else SUBSET_SHAPES
 
     def name(self, *parts):
         return "/".join([self.setname] + [str(p) for p in parts])
@@ -138,7 +141,7 @@ class Suite:
     def allreduce(self):
         c, ps = self.c, self.ps
         for dtype in ALL_DTYPES:
-            for shape in SHAPES:
+            for shape in self.shapes:
                 cases = [(op, 1.0, 1.0) for op in REDUCE_OPS
                          if not (dtype == np.bool_ and op == "Average")]
                 if dtype != np.bool_:
@@ -365,7 +368,10 @@ class Suite:
 
     def large(self):
         c, n, me = self.c, self.n, self.me
-        rng_ints = lambda g, count, dtype, tag: make_input(g, (count,), np.int16, tag).astype(dtype)  # noqa: E731
+
+        def rng_ints(g, count, dtype, tag):
+            """Small integers (exact in every float type and every summation order)."""
+            return make_input(g, (count,), np.int16, tag).astype(dtype)
         # 8M float32: integer values, so every summation order gives the exact same sum.
         count = 8 * 2 ** 20 + 3
         tag = self.name("large", "ar_f32")
@@ -427,8 +433,8 @@ class Suite:
         full = np.sum([x.astype(np.float64) for x in xs], axis=0).astype(np.float32)
         counts = [rows // n + (1 if i < rows % n else 0) for i in range(n)]
         start = sum(counts[:me])
-        self.expect(tag, c.run(tag, hvd.reducescatter, xs[me], op=hvd.Sum, name=tag,
-                               process_set=self.ps), full[start:start + counts[me]], same_everywhere=False)
+        got = c.run(tag, hvd.reducescatter, xs[me], op=hvd.Sum, name=tag, process_set=self.ps)
+        self.expect(tag, got, full[start:start + counts[me]], same_everywhere=False)
 
     def verify_identical(self):
         """Every member got bitwise identical results for every case."""
@@ -461,7 +467,7 @@ def main():
     suites = [s for s in args.suites.split(",") if s]
 
     import os
-    size = int(os.environ["SPARK_HVD_SIZE"])
+    size = int(os.environ.get("SPARK_HVD_SIZE", "1"))  # 1: started without a launcher
     # Two subsets: all ranks but the last, and all but rank 0 (the coordinator). With two
     # ranks these are the one-rank sets [0] and [1].
     subsets = [list(range(size - 1)), list(range(1, size))]
@@ -497,11 +503,13 @@ def main():
             if args.timing:
                 print(f"TIMING rank={rank} {setname}.{name} {time.perf_counter() - t0:.2f}s")
     c.run("final barrier", hvd.barrier)
+    where = dict(shm=int(hvd.shared_memory_enabled()), local_size=hvd.local_size(),
+                 cross_size=hvd.cross_size())
     if args.sets == "dynamic":
         for ps in ps_objs:
             c.check(c.run("remove", hvd.remove_process_set, ps) is True, "remove_process_set")
     hvd.shutdown()
-    c.finish(sets=len(sets))
+    c.finish(sets=len(sets), **where)
 
 
 if __name__ == "__main__":

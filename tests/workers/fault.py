@@ -89,7 +89,8 @@ def main():
     t0 = time.time()
     hvd.shutdown()
     c.check(time.time() - t0 < 5.0, f"shutdown took {time.time() - t0:.1f} s")
-    c.finish(detect=f"{detect:.3f}", message=repr(str(error))[:200].replace(" ", "_"))
+    c.finish(detect=f"{detect:.3f}", job=os.environ.get("SPARK_HVD_JOB_ID", ""),
+             message=repr(str(error))[:200].replace(" ", "_"))
     sys.stdout.flush()
     os._exit(0)
 

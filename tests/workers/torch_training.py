@@ -17,7 +17,6 @@ import warnings
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 import spark_hvd.torch as hvd
 from _wutil import Checks, seed_of
@@ -213,6 +212,17 @@ def optimizer_behaviour(c, n, rank):
              groups=[["x"]], match="tensors")
     c.raises("not an optimizer", ValueError, hvd.DistributedOptimizer, object(),
              match="torch.optim.Optimizer")
+    # wrapping the same parameters again: the dropped optimizer's hooks go away with it
+    model = mlp()
+    for _ in range(2):
+        opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                       named_parameters=model.named_parameters())
+        for _ in range(2):
+            loss_of(model, rank).backward()
+            opt.step()
+            opt.zero_grad()
+    c.check(len(model.fc1.weight._post_accumulate_grad_hooks or {}) == 1, "stale hooks")
+    same_everywhere(c, "re-wrapped optimizer", dict(model.state_dict()))
 
 
 class TwoHeads(torch.nn.Module):

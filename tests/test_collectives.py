@@ -1,0 +1,79 @@
+"""Every collective x dtype x shape x process set, through the real launcher and real processes,
+against NumPy references (tests/workers/collectives.py does the checking; one launch covers
+thousands of cases and reports each failure).
+
+Transports: shared memory on one host, TCP only, and two simulated hosts (127.0.0.1 and
+127.0.0.2: TCP between them, shared memory inside one).
+"""
+
+import subprocess
+
+import pytest
+
+from conftest import PY, REPO, TRANSPORTS, WORKERS, job_env, run_job
+
+
+def _expected_shm(transport, np_, rank):
+    """Whether ``rank`` talks to some peer over shared memory."""
+    if transport == "tcp":
+        return 0
+    if transport == "shm":
+        return 1
+    first_host = (np_ + 1) // 2
+    on_first = rank < first_host
+    return int((first_host if on_first else np_ - first_host) > 1)
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("transport", TRANSPORTS)
+@pytest.mark.parametrize("np_", [2, 3])
+def test_op_matrix(np_, transport):
+    """Allreduce (every op, prescale/postscale, sync/async/in place), grouped allreduce,
+    allgather (uneven first dims), broadcast from every root, alltoall (even and uneven splits,
+    received splits), reducescatter (uneven rows), barrier, on every dtype and dims 1-3, on the
+    global set and two static subsets; results bitwise identical on every member. The large
+    (8M-element) cases run where they add a path: every 2-rank transport and 3 ranks across
+    two hosts (ring / recursive doubling over links)."""
+    args = ["--sets", "static"]
+    if np_ == 2 or transport == "hosts":
+        args.append("--large")
+    r = run_job(np_, "collectives", *args, transport=transport, timeout=220)
+    r.assert_ok(np_)
+    first_host = (np_ + 1) // 2 if transport == "hosts" else np_
+    for rank in range(np_):
+        assert int(r.field(rank, "shm")) == _expected_shm(transport, np_, rank), r.describe()
+        local_size = first_host if rank < first_host else np_ - first_host
+        assert int(r.field(rank, "local_size")) == local_size, r.describe()
+    assert int(r.field(0, "cross_size")) == (2 if transport == "hosts" else 1), r.describe()
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("threshold", [1, 2 ** 40], ids=["ring_always", "doubling_always"])
+def test_algorithm_threshold(threshold):
+    """SPARK_HVD_RING_THRESHOLD forces the ring (1 byte) or recursive doubling (1 TiB) for every
+    size, with 3 ranks (not a power of two) over TCP, on odd and large sizes."""
+    r = run_job(3, "collectives", "--sets", "none", "--large", "--suites",
+                "allreduce,grouped_allreduce,allreduce_average_default",
+                transport="tcp", env={"SPARK_HVD_RING_THRESHOLD": threshold}, timeout=160)
+    r.assert_ok(3)
+
+
+@pytest.mark.timeout(180)
+def test_shared_memory_small_chunks():
+    """The shared-memory group with 4 KiB chunks: many chunk and slice boundaries inside and
+    across fused tensors of every dtype."""
+    r = run_job(3, "collectives", "--sets", "none", "--suites",
+                "allreduce,grouped_allreduce", transport="shm",
+                env={"SPARK_HVD_SHM_CHUNK_BYTES": 4096}, timeout=160)
+    r.assert_ok(3)
+
+
+@pytest.mark.timeout(120)
+def test_single_process_job():
+    """A script started without a launcher is a job of size 1: every op returns its input
+    (reduced over one rank)."""
+    env = job_env()
+    proc = subprocess.run([PY, str(WORKERS / "collectives.py"), "--sets", "none"],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=110)
+    assert proc.returncode == 0, proc.stdout[-5000:] + proc.stderr[-5000:]
+    assert "OK rank=0 " in proc.stdout, proc.stdout[-5000:]

@@ -1,0 +1,231 @@
+"""Engine features through the launcher: tensor fusion and the response cache, re-init,
+timeline, stall inspector, join, configuration aliases, shutdown while others still run
+(tests/workers/features.py)."""
+
+import json
+from collections import defaultdict
+
+import pytest
+
+from conftest import run_job
+
+
+# -- fusion and the response cache ----------------------------------------------------------
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("np_,transport,env", [
+    (2, "shm", {}),
+    (3, "shm", {"SPARK_HVD_FUSION_THRESHOLD": "0"}),
+    (3, "tcp", {}),
+    (2, "tcp", {"SPARK_HVD_FUSION_THRESHOLD": "0"}),
+    (3, "tcp", {"SPARK_HVD_CACHE_CAPACITY": "0"}),
+    (2, "hosts", {"SPARK_HVD_CACHE_CAPACITY": "5", "SPARK_HVD_FUSION_THRESHOLD": "200"}),
+], ids=["shm-2", "shm-3-nofusion", "tcp-3", "tcp-2-nofusion", "tcp-3-nocache",
+        "hosts-2-tinycache-tinyfusion"])
+def test_fusion_and_cache(np_, transport, env):
+    """120 small tensors of mixed dtypes/ops submitted asynchronously (odd ranks in reverse
+    order) equal the one-by-one results bitwise and the NumPy reference; three rounds reuse the
+    names (response cache), the last with new shapes under the same names."""
+    r = run_job(np_, "features", "fusion", transport=transport, env=env, timeout=80)
+    r.assert_ok(np_)
+    if "SPARK_HVD_FUSION_THRESHOLD" in env:
+        assert r.field(0, "threshold") == env["SPARK_HVD_FUSION_THRESHOLD"]
+    if "SPARK_HVD_CACHE_CAPACITY" in env:
+        assert r.field(0, "cache") == env["SPARK_HVD_CACHE_CAPACITY"]
+
+
+# -- re-init --------------------------------------------------------------------------------
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("np_,transport", [(2, "shm"), (2, "tcp"), (3, "hosts")])
+def test_reinit(np_, transport):
+    """init -> ops -> shutdown three times in one process, with static process sets each time."""
+    r = run_job(np_, "features", "reinit", transport=transport, timeout=50)
+    r.assert_ok(np_)
+
+
+# -- timeline -------------------------------------------------------------------------------
+
+def load_timeline(path):
+    """{tensor: [(ph, phase), ...]} from a Chrome-trace file (which must be valid JSON)."""
+    with open(path) as f:
+        events = json.load(f)
+    assert isinstance(events, list) and events, path
+    rows = {e["pid"]: e["args"]["name"] for e in events if e.get("ph") == "M"}
+    phases = defaultdict(list)
+    for e in events:
+        if e.get("ph") == "M":
+            continue
+        assert {"name", "ph", "ts", "pid"} <= set(e), e
+        phases[rows.get(e["pid"], e["pid"])].append((e["ph"], e["name"]))
+    return phases
+
+
+def assert_balanced(phases):
+    for tensor, seq in phases.items():
+        stack = []
+        for ph, name in seq:
+            if ph == "B":
+                stack.append(name)
+            elif ph == "E":
+                assert stack and stack.pop() == name, f"{tensor}: unbalanced {seq}"
+        assert not stack, f"{tensor}: unfinished phases {stack}"
+
+
+OPS = {"allreduce_one": "ALLREDUCE", "allgather_one": "ALLGATHER",
+       "broadcast_one": "BROADCAST", "alltoall_one": "ALLTOALL",
+       "reducescatter_one": "REDUCESCATTER"}
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_timeline(tmp_path, transport):
+    """SPARK_HVD_TIMELINE records from init; start_timeline() switches to a new file (with
+    cycle marks), stop_timeline() ends it. Both files are valid JSON with NEGOTIATE and the
+    op's phase for every named tensor, the fusion-buffer copies for fused tensors (TCP; the
+    shared-memory group reduces fused tensors in place), and balanced B/E events."""
+    env_file, api_file = tmp_path / "env.json", tmp_path / "api.json"
+    r = run_job(3, "features", "timeline", api_file, transport=transport,
+                env={"SPARK_HVD_TIMELINE": env_file}, timeout=50)
+    r.assert_ok(3)
+    for path, prefix in ((env_file, "env."), (api_file, "api.")):
+        phases = load_timeline(path)
+        assert_balanced(phases)
+        # Tensors rank 0 submitted while this file was not being written must have no phases
+        # in it. (Other ranks' "rank N ready" marks for them may have arrived at rank 0 just
+        # before it switched files: those are right to be there.)
+        other = "api." if prefix == "env." else "env."
+        stray = {n: seq for n, seq in phases.items() if isinstance(n, str)
+                 and n.startswith(("after_stop.", other)) and any(ph != "i" for ph, _ in seq)}
+        assert not stray, stray
+        for op, phase in OPS.items():
+            got = {p for _, p in phases[prefix + op]}
+            assert {"NEGOTIATE", phase} <= got, (prefix + op, got)
+        for k in range(3):
+            got = {p for _, p in phases[f"{prefix}fused.{k}"]}
+            want = {"NEGOTIATE", "ALLREDUCE"}
+            if transport == "tcp":
+                want |= {"MEMCPY_IN_FUSION_BUFFER", "MEMCPY_OUT_FUSION_BUFFER"}
+            assert want <= got, (k, got)
+    cycles = [p for _, p in load_timeline(api_file).get(0, [])]
+    assert "CYCLE_START" in cycles
+
+
+@pytest.mark.timeout(60)
+def test_timeline_launcher_flag(tmp_path):
+    """--timeline-filename reaches the ranks; HOROVOD_TIMELINE is honoured as an alias."""
+    path = tmp_path / "flag.json"
+    r = run_job(2, "features", "timeline", transport="shm", launcher_args=[
+        "--timeline-filename", path], timeout=50)
+    r.assert_ok(2)
+    assert {"NEGOTIATE", "ALLREDUCE"} <= {p for _, p in load_timeline(path)["env.allreduce_one"]}
+    path = tmp_path / "alias.json"
+    r = run_job(2, "features", "timeline", transport="tcp", env={"HOROVOD_TIMELINE": path},
+                timeout=50)
+    r.assert_ok(2)
+    assert "env.fused.0" in load_timeline(path)
+
+
+# -- stall inspector ------------------------------------------------------------------------
+
+@pytest.mark.timeout(60)
+def test_stall_warning():
+    """A rank 3 s late with a tensor makes rank 0 warn, naming the tensor and the missing rank;
+    the op then completes."""
+    r = run_job(3, "features", "stall_warning", 3, transport="shm",
+                env={"SPARK_HVD_STALL_CHECK_TIME_SECONDS": 1}, timeout=50)
+    r.assert_ok(3)
+    warnings = [line for line in r.lines(0, "stderr") if "Stall detected" in line]
+    assert warnings, r.describe()
+    assert any("'late_tensor'" in w and "ranks [0, 1]" in w and "ranks [2]" in w
+               for w in warnings), warnings
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_stall_shutdown(transport):
+    """Ranks that wait for tensors nobody else submits: after
+    SPARK_HVD_STALL_SHUTDOWN_TIME_SECONDS every rank gets HorovodInternalError (not a hang),
+    for the stalled op and later ones."""
+    r = run_job(3, "features", "stall_shutdown", transport=transport,
+                env={"SPARK_HVD_STALL_CHECK_TIME_SECONDS": 1,
+                     "SPARK_HVD_STALL_SHUTDOWN_TIME_SECONDS": 2}, timeout=50)
+    r.assert_ok(3)
+    for k in range(3):
+        assert float(r.field(k, "elapsed")) < 15
+
+
+# -- join -----------------------------------------------------------------------------------
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("np_,order,transport", [
+    (2, "ascending", "shm"),
+    (3, "ascending", "shm"),
+    (3, "descending", "shm"),
+    (3, "ascending", "tcp"),
+    (2, "equal", "hosts"),
+])
+def test_join(np_, order, transport):
+    """Ranks with uneven step counts: joined ranks contribute zeros to Sum and Average (divided
+    by the full size), fused tensors included; join() returns the last rank to join on every
+    rank; the job goes on after everyone joined, and join() works again."""
+    r = run_job(np_, "features", "join", order, transport=transport, timeout=50)
+    r.assert_ok(np_)
+    if order != "equal":
+        steps = [3 + 2 * k for k in range(np_)]
+        if order == "descending":
+            steps = steps[::-1]
+        last = max(range(np_), key=lambda k: steps[k])
+        assert {r.field(k, "last") for k in range(np_)} == {str(last)}
+
+
+# -- configuration aliases ------------------------------------------------------------------
+
+@pytest.mark.timeout(60)
+def test_horovod_aliases(tmp_path):
+    """HOROVOD_FUSION_THRESHOLD, HOROVOD_CYCLE_TIME, HOROVOD_CACHE_CAPACITY and
+    HOROVOD_TIMELINE configure the engine: with the fusion threshold at 0 the grouped tensors
+    are reduced one by one (no fusion-buffer copies in the timeline)."""
+    path = tmp_path / "aliases.json"
+    r = run_job(2, "features", "config", "0", "7.5", "9", str(path), transport="tcp",
+                env={"HOROVOD_FUSION_THRESHOLD": 0, "HOROVOD_CYCLE_TIME": 7.5,
+                     "HOROVOD_CACHE_CAPACITY": 9, "HOROVOD_TIMELINE": path}, timeout=50)
+    r.assert_ok(2)
+    phases = load_timeline(path)
+    for k in range(4):
+        got = {p for _, p in phases[f"cfg_group.{k}"]}
+        assert "ALLREDUCE" in got and "MEMCPY_IN_FUSION_BUFFER" not in got, got
+    # Control: the default threshold fuses them.
+    path = tmp_path / "default.json"
+    r = run_job(2, "features", "config", "", "", "", str(path), transport="tcp",
+                env={"HOROVOD_TIMELINE": path}, timeout=50)
+    r.assert_ok(2)
+    phases = load_timeline(path)
+    assert "MEMCPY_IN_FUSION_BUFFER" in {p for _, p in phases["cfg_group.0"]}
+
+
+@pytest.mark.timeout(60)
+def test_our_names_win_over_horovod_aliases():
+    r = run_job(2, "features", "config", "4096", "1.5", "", transport="shm",
+                env={"HOROVOD_FUSION_THRESHOLD": 0, "SPARK_HVD_FUSION_THRESHOLD": 4096,
+                     "HOROVOD_CYCLE_TIME": 9, "SPARK_HVD_CYCLE_TIME": 1.5}, timeout=50)
+    r.assert_ok(2)
+
+
+# -- shutdown while others still run --------------------------------------------------------
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("np_,who,transport", [(2, 0, "shm"), (3, 1, "shm"), (3, 0, "tcp")])
+def test_shutdown_while_others_run(np_, who, transport):
+    """One rank calls shutdown() after the first op; the others' later (sync and async) ops
+    fail naming the rank that shut down, and every shutdown() returns."""
+    r = run_job(np_, "features", "early_shutdown", who, transport=transport, timeout=50)
+    r.assert_ok(np_)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("np_", [2, 3])
+def test_exit_without_shutdown(np_):
+    """Ranks that just exit (atexit shuts spark_hvd down) while rank 0 still submits an op."""
+    r = run_job(np_, "features", "exit_without_shutdown", transport="shm", timeout=50)
+    r.assert_ok(np_)

@@ -1,0 +1,78 @@
+"""Faults and intruders: a rank killed with SIGKILL mid-collective, and connections that do not
+know the job secret."""
+
+from pathlib import Path
+
+import pytest
+
+from conftest import alive_pids, run_job
+
+
+def _read_pids(pid_dir):
+    return {f.name: int(f.read_text()) for f in pid_dir.glob("*.pid")}
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("np_,victim,mode,transport", [
+    (2, 1, "negotiate", "shm"),
+    (2, 0, "negotiate", "shm"),
+    (2, 1, "transfer", "shm"),
+    (2, 0, "transfer", "shm"),
+    (2, 1, "negotiate", "tcp"),
+    (2, 0, "negotiate", "tcp"),
+    (2, 1, "transfer", "tcp"),
+    (2, 0, "transfer", "tcp"),
+    (3, 1, "negotiate", "shm"),
+    (3, 2, "transfer", "tcp"),
+    (3, 0, "transfer", "hosts"),
+])
+def test_peer_killed(tmp_path, np_, victim, mode, transport):
+    """The victim SIGKILLs itself while the others wait in negotiation ("negotiate") or stream
+    4M-float allreduces with it ("transfer"). Every survivor raises HorovodInternalError within
+    10 s of the kill, for the blocked op, a pending async op and every later op, and shuts down
+    promptly; the launcher exits non-zero; no process of the job is left behind."""
+    pid_dir = tmp_path / "pids"
+    pid_dir.mkdir()
+    env = {"PID_DIR": pid_dir, "KILL_TIME_FILE": tmp_path / "killed_at",
+           # Survivors ignore SIGTERM so they can report; the launcher SIGKILLs after this.
+           "SPARK_HVD_KILL_GRACE_SECONDS": 20}
+    r = run_job(np_, "fault", victim, mode, transport=transport, env=env, timeout=80)
+    survivors = [k for k in range(np_) if k != victim]
+    for k in survivors:
+        assert r.markers(k), f"rank {k} did not report\n{r.describe()}"
+        assert float(r.field(k, "detect")) < 10.0, r.describe()
+    for k in survivors:
+        assert not [line for line in r.lines(k) if line.startswith("FAIL")], r.describe()
+    assert r.returncode != 0, r.describe()
+    assert "rank %d was killed by signal 9" % victim in r.stderr, r.describe()
+    pids = _read_pids(pid_dir)
+    assert len(pids) == np_, pids
+    left = alive_pids(pids.values(), timeout=10)
+    assert not left, f"processes left behind: {left}\n{r.describe()}"
+    # Nor shared-memory segments (they are unlinked as soon as every peer has mapped them).
+    job = r.field(survivors[0], "job")
+    leaked = [p.name for p in Path("/dev/shm").glob(f"shvd-{job}*")] if job else []
+    assert not leaked, leaked
+
+
+# -- the job secret -------------------------------------------------------------------------
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("np_", [2, 3])
+def test_strangers_refused(np_):
+    """Raw garbage, a wrong-secret client and a silent connection to the rendezvous server, and
+    a wrong-secret handshake plus a silent connection queued on rank 0's data listener ahead
+    of the real peers: all refused, and the job then starts and runs normally."""
+    r = run_job(np_, "security", "strangers", transport="shm", timeout=50)
+    r.assert_ok(np_)
+    # The silent strangers cost at most the core's 2 s handshake timeout, not the job.
+    assert float(r.field(0, "init_s")) < 10, r.describe()
+
+
+@pytest.mark.timeout(60)
+def test_wrong_secret_cannot_join():
+    """A rank whose SPARK_HVD_SECRET is wrong is rejected by the rendezvous; the other ranks
+    time out naming the missing rank instead of running without it."""
+    r = run_job(2, "security", "wrong_secret", transport="tcp",
+                env={"SPARK_HVD_START_TIMEOUT": 4}, timeout=50)
+    r.assert_ok(2)
