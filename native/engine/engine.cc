@@ -21,6 +21,7 @@ Engine::Engine(EngineOptions options, Mesh mesh, bool shared_memory)
   if (options_.rank == 0)
     coordinator_ = std::make_unique<Coordinator>(options_.size, &sets_, options_.coordinator);
   wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  control_inbox_.resize(options_.size);
   global_abort().reset();
   thread_ = std::thread([this] {
     // Short sleeps must be short: the default 50 us timer slack would stretch them.
@@ -92,12 +93,24 @@ void Engine::send_frame(Link* link, const std::string& payload) {
   link->send(frame.data(), frame.size());
 }
 
-std::string Engine::recv_frame(Link* link) {
-  uint32_t n = 0;
-  link->recv(&n, sizeof n);
-  std::string payload(n, '\0');
-  if (n) link->recv(&payload[0], n);
-  return payload;
+std::vector<std::string> Engine::read_frames(int peer) {
+  // One non-blocking read per call instead of a poll plus two reads per message: the control
+  // path is on every collective's critical path.
+  Link* link = mesh_.control[peer].get();
+  std::string& inbox = control_inbox_[peer];
+  char buf[64 * 1024];
+  for (size_t n; (n = link->try_recv(buf, sizeof buf)) > 0;) inbox.append(buf, n);
+  std::vector<std::string> frames;
+  size_t pos = 0;
+  while (inbox.size() - pos >= sizeof(uint32_t)) {
+    uint32_t n;
+    std::memcpy(&n, inbox.data() + pos, sizeof n);
+    if (inbox.size() - pos - sizeof n < n) break;
+    frames.emplace_back(inbox, pos + sizeof n, n);
+    pos += sizeof n + n;
+  }
+  inbox.erase(0, pos);
+  return frames;
 }
 
 const Communicator& Engine::communicator(int process_set) {
@@ -257,10 +270,8 @@ void Engine::flush_requests(bool quiet) {
 void Engine::run_coordinator() {
   submit(take_queue());
   for (int r = 1; r < options_.size; ++r) {
-    Link* link = mesh_.control[r].get();
-    pollfd pfd{link->fd(), POLLIN, 0};
-    while (poll(&pfd, 1, 0) > 0 && (pfd.revents & (POLLIN | POLLHUP | POLLERR))) {
-      RequestBatch b = decode_request_batch(recv_frame(link));
+    for (const std::string& frame : read_frames(r)) {
+      RequestBatch b = decode_request_batch(frame);
       last_activity_ = Clock::now();
       if (timeline_.active())
         for (const auto& q : b.requests) timeline_.instant(q.name, "rank " + std::to_string(b.rank) + " ready");
@@ -294,13 +305,14 @@ void Engine::run_coordinator() {
 
 void Engine::run_worker() {
   submit(take_queue());
-  Link* link = mesh_.control[0].get();
-  pollfd pfd{link->fd(), POLLIN, 0};
-  while (!finished_ && poll(&pfd, 1, 0) > 0 && (pfd.revents & (POLLIN | POLLHUP | POLLERR))) {
-    ResponseBatch batch = decode_response_batch(recv_frame(link));
+  for (const std::string& frame : read_frames(0)) {
+    ResponseBatch batch = decode_response_batch(frame);
     if (!batch.abort.empty()) throw PeerLostError(batch.abort);
     for (const Response& resp : batch.responses) execute(resp);
-    if (batch.shutdown) finished_ = true;
+    if (batch.shutdown) {
+      finished_ = true;
+      break;
+    }
   }
 }
 

@@ -83,7 +83,8 @@ class Engine {
   void complete(Entry& entry, int error_kind = 0, const std::string& error = "");
   void abort_job(const std::string& why);
   void send_frame(Link* link, const std::string& payload);
-  std::string recv_frame(Link* link);
+  // Reads whatever the control link has (never blocks) and returns the complete frames.
+  std::vector<std::string> read_frames(int peer);
   const Communicator& communicator(int process_set);
 
   // Op execution (execute.cc).
@@ -103,6 +104,7 @@ class Engine {
   FusionBuffer fusion_;
   std::unique_ptr<Coordinator> coordinator_;  // rank 0 only
   std::map<int, Communicator> communicators_;
+  std::vector<std::string> control_inbox_;  // per peer: bytes of a partially received frame
   std::map<int, std::unique_ptr<SharedMemoryGroup>> shm_groups_;
 
   // Shared with user threads.

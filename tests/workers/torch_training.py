@@ -15,7 +15,6 @@ import os
 import sys
 import warnings
 
-import numpy as np
 import torch
 
 import spark_hvd.torch as hvd
@@ -549,7 +548,6 @@ def main():
                      (sync_batch_norm, ()), (model_parallel, ())):
         c.run(fn.__name__, fn, c, n, rank, *args)
     c.run("timeline", timeline, c, rank, tmp)
-    np.random.seed(0)
     hvd.shutdown()
     c.finish(size=n)
 
