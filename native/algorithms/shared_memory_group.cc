@@ -179,56 +179,81 @@ void SharedMemoryGroup::allreduce(const Communicator& comm, const std::vector<Se
   const size_t esize = dtype_size(dtype);
   const SegmentedBuffer data(segments, esize);
   const size_t count = data.bytes() / esize;
+  if (count == 0) return;
   // Chunk and slice boundaries fall on element boundaries.
   const size_t chunk_elems = std::max<size_t>(n, chunk_bytes_ / esize / n * n);
+  const size_t chunks = (count + chunk_elems - 1) / chunk_elems;
+  const uint64_t base_seq = chunks_done_;
+  chunks_done_ += chunks;
   auto* ctl = static_cast<Control*>(base_);
   Counter* mine = ctl[me].seq;
 
-  for (size_t first = 0; first < count; first += chunk_elems) {
-    const size_t elems = std::min(chunk_elems, count - first);
-    const uint64_t seq = ++chunks_done_;
-    const int b = int(seq & 1);
-    // Slice i of this chunk: elements [lo(i), lo(i+1)) counted from `first`.
-    auto lo = [&](int i) { return elems * size_t(i) / n; };
-    auto slice_pos = [&](int i) { return (first + lo(i)) * esize; };
-    auto slice_bytes = [&](int i) { return (lo(i + 1) - lo(i)) * esize; };
+  // Geometry of chunk k: sequence number, buffer, and slice i = elements [lo(i), lo(i+1)).
+  struct Chunk {
+    uint64_t seq;
+    int b;
+    size_t first, elems;
+  };
+  auto chunk = [&](size_t k) {
+    const size_t first = k * chunk_elems;
+    return Chunk{base_seq + k + 1, int((base_seq + k + 1) & 1), first,
+                 std::min(chunk_elems, count - first)};
+  };
+  auto lo = [&](const Chunk& c, int i) { return c.elems * size_t(i) / n; };
+  auto slice_pos = [&](const Chunk& c, int i) { return (c.first + lo(c, i)) * esize; };
+  auto slice_bytes = [&](const Chunk& c, int i) { return (lo(c, i + 1) - lo(c, i)) * esize; };
 
-    // 1. copy-in. The buffer we overwrite was last used two chunks ago.
-    if (seq > 2) wait_all(comm, kDone, seq - 2);
+  // 1. copy-in: the slices other members reduce go into my slot.
+  auto copy_in = [&](const Chunk& c) {
+    if (c.seq > 2) wait_all(comm, kDone, c.seq - 2);  // slot last read two chunks ago
     for (int i = 0; i < n; ++i) {
       if (i == me) continue;
-      uint8_t* dst = slot(me, b) + lo(i) * esize;
-      data.for_range(slice_pos(i), slice_bytes(i), [&](const uint8_t* in, uint8_t*, size_t len,
-                                                       size_t at) { std::memcpy(dst + at, in, len); });
+      uint8_t* dst = slot(me, c.b) + lo(c, i) * esize;
+      data.for_range(slice_pos(c, i), slice_bytes(c, i),
+                     [&](const uint8_t* in, uint8_t*, size_t len, size_t at) {
+                       std::memcpy(dst + at, in, len);
+                     });
     }
-    mine[kIn].value.store(seq, std::memory_order_release);
+    mine[kIn].value.store(c.seq, std::memory_order_release);
+  };
 
+  copy_in(chunk(0));
+  for (size_t k = 0; k < chunks; ++k) {
+    const Chunk c = chunk(k);
     // 2. reduce my slice in member order (mine straight from my tensors) into the result.
-    wait_all(comm, kIn, seq);
-    uint8_t* out = result(b) + lo(me) * esize;
-    data.for_range(slice_pos(me), slice_bytes(me), [&](const uint8_t* in, uint8_t*, size_t len,
-                                                       size_t at) {
-      auto src = [&](int m) -> const uint8_t* {
-        return m == me ? in : slot(m, b) + lo(me) * esize + at;
-      };
-      const size_t k = len / esize;
-      reduce_out(out + at, src(0), src(1), k, dtype, op);
-      for (int m = 2; m < n; ++m) reduce_into(out + at, src(m), k, dtype, op);
-    });
-    if (scale != 1.0 && slice_bytes(me)) scale_buffer(out, slice_bytes(me) / esize, dtype, scale);
-    mine[kReduced].value.store(seq, std::memory_order_release);
-    data.for_range(slice_pos(me), slice_bytes(me), [&](const uint8_t*, uint8_t* dst, size_t len,
-                                                       size_t at) { std::memcpy(dst, out + at, len); });
+    wait_all(comm, kIn, c.seq);
+    uint8_t* out = result(c.b) + lo(c, me) * esize;
+    data.for_range(slice_pos(c, me), slice_bytes(c, me),
+                   [&](const uint8_t* in, uint8_t*, size_t len, size_t at) {
+                     auto src = [&](int m) -> const uint8_t* {
+                       return m == me ? in : slot(m, c.b) + lo(c, me) * esize + at;
+                     };
+                     const size_t e = len / esize;
+                     reduce_out(out + at, src(0), src(1), e, dtype, op);
+                     for (int m = 2; m < n; ++m) reduce_into(out + at, src(m), e, dtype, op);
+                   });
+    if (scale != 1.0 && slice_bytes(c, me))
+      scale_buffer(out, slice_bytes(c, me) / esize, dtype, scale);
+    mine[kReduced].value.store(c.seq, std::memory_order_release);
+    data.for_range(slice_pos(c, me), slice_bytes(c, me),
+                   [&](const uint8_t*, uint8_t* dst, size_t len, size_t at) {
+                     std::memcpy(dst, out + at, len);
+                   });
+    // Software pipelining: publish the next chunk before waiting for the others' reductions,
+    // so a member that runs late finds its inputs ready instead of stalling everyone.
+    if (k + 1 < chunks) copy_in(chunk(k + 1));
 
     // 3. copy-out everybody else's slices.
-    wait_all(comm, kReduced, seq);
+    wait_all(comm, kReduced, c.seq);
     for (int i = 0; i < n; ++i) {
       if (i == me) continue;
-      const uint8_t* src = result(b) + lo(i) * esize;
-      data.for_range(slice_pos(i), slice_bytes(i), [&](const uint8_t*, uint8_t* dst, size_t len,
-                                                       size_t at) { std::memcpy(dst, src + at, len); });
+      const uint8_t* src = result(c.b) + lo(c, i) * esize;
+      data.for_range(slice_pos(c, i), slice_bytes(c, i),
+                     [&](const uint8_t*, uint8_t* dst, size_t len, size_t at) {
+                       std::memcpy(dst, src + at, len);
+                     });
     }
-    mine[kDone].value.store(seq, std::memory_order_release);
+    mine[kDone].value.store(c.seq, std::memory_order_release);
   }
 }
 
