@@ -73,9 +73,11 @@ def allreduce_async_(array, average=None, name=None, op=None, prescale_factor=1.
 def _allreduce_into(array, out, average, name, op, prescale, postscale, process_set):
     reduce_op = _ops.resolve_reduce_op(op, average)
     ps = process_set_id(process_set)
+    in_ptr = _ptr(array)
     h = _ops.enqueue_one(OP_ALLREDUCE, _ops.auto_name("allreduce", name, ps), _dtype_code(array),
-                         array.shape, _ptr(array), _ptr(out), reduce_op=reduce_op,
-                         prescale=prescale, postscale=postscale, process_set=ps)
+                         array.shape, in_ptr, in_ptr if out is array else _ptr(out),
+                         reduce_op=reduce_op, prescale=prescale, postscale=postscale,
+                         process_set=ps)
 
     def finish(ids):
         _ops.wait(ids[0])

@@ -9,7 +9,7 @@ import warnings
 from collections import defaultdict
 
 from . import basics
-from ._native import check, lib
+from ._native import check, lib, raise_last_error
 
 # Reduce ops: the values are the core's codes.
 Average, Sum, Adasum, Min, Max, Product = 0, 1, 2, 3, 4, 5
@@ -61,21 +61,26 @@ def make_op(kind, name, dtype, shape, input_ptr, output_ptr, reduce_op=Sum, pres
         name_b, group_b, struct.pack(f"<{ndim + nsplits}q", *shape, *splits)))
 
 
+def _enqueue_failed():
+    basics._require_init()  # "not initialized" is a ValueError, as in Horovod
+    raise_last_error()
+
+
 def enqueue(records):
     """Enqueues serialised ops atomically; returns their native handles."""
-    basics._require_init()
     n = len(records)
     handles = (ctypes.c_int64 * n)()
     data = b"".join(records)
-    check(lib.shvd_enqueue_packed(data, len(data), n, handles))
+    if lib.shvd_enqueue_packed(data, len(data), n, handles) == -1:
+        _enqueue_failed()
     return list(handles)
 
 
 def enqueue_one(kind, name, dtype, shape, input_ptr, output_ptr, **kwargs):
-    basics._require_init()
     record = make_op(kind, name, dtype, shape, input_ptr, output_ptr, **kwargs)
     handle = ctypes.c_int64()
-    check(lib.shvd_enqueue_packed(record, len(record), 1, ctypes.byref(handle)))
+    if lib.shvd_enqueue_packed(record, len(record), 1, ctypes.byref(handle)) == -1:
+        _enqueue_failed()
     return handle.value
 
 

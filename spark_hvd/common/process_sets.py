@@ -107,8 +107,8 @@ def _reset():
 
 def process_set_id(process_set):
     """The native id for ``process_set`` (None means the global set)."""
-    if process_set is None:
-        return 0
+    if process_set is None or process_set is global_process_set:
+        return 0  # the hot path: no checks needed for the global set
     if not isinstance(process_set, ProcessSet):
         raise ValueError(f"process_set must be a ProcessSet, got {type(process_set).__name__}")
     process_set._require_registered()
