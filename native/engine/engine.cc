@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <exception>
 #include <cstring>
 #include <iostream>
 
@@ -99,7 +100,14 @@ std::vector<std::string> Engine::read_frames(int peer) {
   Link* link = mesh_.control[peer].get();
   std::string& inbox = control_inbox_[peer];
   char buf[64 * 1024];
-  for (size_t n; (n = link->try_recv(buf, sizeof buf)) > 0;) inbox.append(buf, n);
+  std::exception_ptr closed;
+  try {
+    for (size_t n; (n = link->try_recv(buf, sizeof buf)) > 0;) inbox.append(buf, n);
+  } catch (const PeerLostError&) {
+    // The peer may have sent its last words (shutdown, the reason for an abort) just before
+    // closing: deliver those frames first; the next read reports the closed link.
+    closed = std::current_exception();
+  }
   std::vector<std::string> frames;
   size_t pos = 0;
   while (inbox.size() - pos >= sizeof(uint32_t)) {
@@ -110,6 +118,7 @@ std::vector<std::string> Engine::read_frames(int peer) {
     pos += sizeof n + n;
   }
   inbox.erase(0, pos);
+  if (closed && frames.empty()) std::rethrow_exception(closed);
   return frames;
 }
 
