@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Data-parallel training throughput: spark_hvd's DistributedOptimizer vs torch DDP (gloo).
 
-    .venv/bin/python benchmarks/scaling.py             # 3 rounds, about 4 minutes on 2 cores
+    .venv/bin/python benchmarks/scaling.py             # 3 rounds, about 5 minutes on 2 cores
     .venv/bin/python benchmarks/scaling.py --quick     # 1 round, about 1.5 minutes
     .venv/bin/python benchmarks/scaling.py --models mlp --rounds 5 --json /tmp/scaling.json
 
@@ -10,20 +10,24 @@ scaling), SGD with momentum:
   cnn  a small CIFAR-style CNN (3 conv + BN, 2 FC; 0.13 M parameters), 32x32 images, batch 32
   mlp  784-1024-1024-1024-10 (2.9 M parameters, 11.6 MB of gradients), batch 128
 
-Configurations, each a separate job (never two at once):
-  plain        1 process, plain torch optimizer (the reference)
-  hvd x1       spark-hvd-run -np 1, DistributedOptimizer (no hooks at size 1, as Horovod)
-  hvd x1 hooks the same with SPARK_HVD_ELASTIC=1: hooks and allreduces run at size 1 too
-  hvd x2       spark-hvd-run -np 2, DistributedOptimizer
-  ddp x1/x2    torch DistributedDataParallel over gloo (127.0.0.1), 1 and 2 processes
+Jobs, one at a time:
+  hvd x1        spark-hvd-run -np 1, DistributedOptimizer (no hooks at size 1, as Horovod)
+  hvd x1 hooks  the same with SPARK_HVD_ELASTIC=1: hooks and allreduces run at size 1 too
+  hvd x2        spark-hvd-run -np 2, DistributedOptimizer
+  ddp x1, x2    torch DistributedDataParallel over gloo (127.0.0.1), 1 and 2 processes
 
-Every job trains each model for warm-up steps, then times repetitions of N steps (all ranks
-meet at a barrier before each repetition; rank 0 times it). A job's throughput is the median of
-its repetitions (samples/s over all ranks); each round runs every configuration once, in a
-rotated order, and the tables report the median over rounds. Scaling efficiency =
-throughput(x2) / (2 x throughput(x1)) of the same system, and also against plain torch; the
-DistributedOptimizer overhead at 1 rank = 1 - throughput(hvd x1) / throughput(plain). The 1-minute
-load average is printed: above ~1.5 on 2 cores other processes competed for the CPUs.
+Inside every job each rank trains twin models: "local" (a plain torch optimizer, no
+communication: plain single-process PyTorch) and "dist" (the system's data parallelism). Their
+timed repetitions (N steps, all ranks meeting at a barrier first; rank 0 times) alternate, so
+both see the same machine load; a job's figure is the median over its repetitions, and each
+round runs every job once (rotated order); tables show the median over rounds.
+
+Two views of scaling efficiency:
+  - the issue's definition across jobs: dist(x2) / (2 x dist(x1)) of the same system;
+  - within one job (robust to other load on the machine): dist(x2) / local(x2), i.e. the
+    2-rank throughput against the same two processes training without communication.
+DistributedOptimizer overhead at 1 rank = 1 - dist / local inside the x1 job. The 1-minute load
+average is printed: above ~1.5 on 2 cores other processes competed for the CPUs.
 """
 
 import argparse
@@ -40,15 +44,15 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 MARK = "@@SCALING "
 MODELS = ("cnn", "mlp")
-CONFIGS = ("plain", "hvd1", "hvd1hooks", "hvd2", "ddp1", "ddp2")
-LABEL = {"plain": "plain x1", "hvd1": "hvd x1", "hvd1hooks": "hvd x1 hooks", "hvd2": "hvd x2",
-         "ddp1": "ddp x1", "ddp2": "ddp x2"}
+CONFIGS = ("hvd1", "hvd1hooks", "hvd2", "ddp1", "ddp2")
+LABEL = {"hvd1": "hvd x1", "hvd1hooks": "hvd x1 hooks", "hvd2": "hvd x2", "ddp1": "ddp x1",
+         "ddp2": "ddp x2"}
 TARGET_EFFICIENCY = 0.90
 TARGET_OVERHEAD = 0.05
 
 
 # ---------------------------------------------------------------------------------------------
-# Worker: one rank of one configuration
+# Worker: one rank of one job
 
 def build(name):
     import torch
@@ -89,53 +93,60 @@ def worker(args):
         import spark_hvd.torch as hvd
         hvd.init()
         rank, size, barrier = hvd.rank(), hvd.size(), hvd.barrier
-    elif system == "ddp":
+    else:
         import torch.distributed as dist
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{args.port}",
                                 rank=args.rank, world_size=args.size)
         rank, size, barrier = args.rank, args.size, dist.barrier
-    else:
-        rank, size, barrier = 0, 1, (lambda: None)
 
     results = {}
     for name in args.models.split(","):
-        torch.manual_seed(0)
-        model, shape, batch = build(name)
-        opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-        if system == "hvd":
-            opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters())
-            hvd.broadcast_parameters(model.state_dict(), root_rank=0)
-        elif system == "ddp":
-            from torch.nn.parallel import DistributedDataParallel
-            model = DistributedDataParallel(model)
-        g = torch.Generator().manual_seed(rank)
-        x = torch.randn(shape, generator=g)
-        y = torch.randint(0, 10, (batch,), generator=g)
+        # Twin models: "local" trains with a plain optimizer and never communicates, "dist"
+        # with the system's data parallelism; their repetitions alternate, so both see the
+        # same machine load.
+        steppers = {}
+        for kind in ("local", "dist"):
+            torch.manual_seed(0)
+            model, shape, batch = build(name)
+            opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+            if kind == "dist" and system == "hvd":
+                opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters())
+                hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+            elif kind == "dist":
+                from torch.nn.parallel import DistributedDataParallel
+                model = DistributedDataParallel(model)
+            g = torch.Generator().manual_seed(rank)
+            x = torch.randn(shape, generator=g)
+            y = torch.randint(0, 10, (batch,), generator=g)
 
-        def step():
-            opt.zero_grad()
-            F.cross_entropy(model(x), y).backward()
-            opt.step()
-
-        for _ in range(args.warmup):
-            step()
-        rates, cpu = [], []
-        for _ in range(args.reps):
-            barrier()
-            t0, c0 = time.perf_counter(), time.process_time()
-            for _ in range(args.steps):
+            def step(model=model, opt=opt, x=x, y=y):
+                opt.zero_grad()
+                F.cross_entropy(model(x), y).backward()
+                opt.step()
+            steppers[kind] = step
+            for _ in range(args.warmup):
                 step()
-            c1 = time.process_time()
-            barrier()
-            rates.append(size * batch * args.steps / (time.perf_counter() - t0))
-            cpu.append((c1 - c0) / args.steps * 1e3)
-        results[name] = {"median": statistics.median(rates), "best": max(rates), "reps": rates,
-                         "cpu_ms_per_step": statistics.median(cpu)}
+        rates = {"local": [], "dist": []}
+        cpu = {"local": [], "dist": []}
+        for rep in range(args.reps):
+            for kind in (("local", "dist") if rep % 2 == 0 else ("dist", "local")):
+                step = steppers[kind]
+                barrier()
+                t0, c0 = time.perf_counter(), time.process_time()
+                for _ in range(args.steps):
+                    step()
+                c1 = time.process_time()
+                barrier()
+                rates[kind].append(size * batch * args.steps / (time.perf_counter() - t0))
+                cpu[kind].append((c1 - c0) / args.steps * 1e3)
+        results[name] = {k: {"median": statistics.median(v), "best": max(v), "reps": v,
+                             "cpu_ms_per_step": statistics.median(cpu[k])}
+                         for k, v in rates.items()}
     if rank == 0:
         print(MARK + json.dumps({"size": size, "results": results}), flush=True)
     if system == "hvd":
         hvd.shutdown()
-    elif system == "ddp":
+    else:
         dist.destroy_process_group()
 
 
@@ -161,14 +172,11 @@ def commands(config, args):
     for k in list(env):
         if k.startswith(("SPARK_HVD_", "HOROVOD_")):
             del env[k]
-    if config == "plain":
-        return [me + ["--worker", "plain"]], env
+    n = 2 if config.endswith("2") else 1
     if config.startswith("hvd"):
-        n = 2 if config == "hvd2" else 1
         if config == "hvd1hooks":
             env["SPARK_HVD_ELASTIC"] = "1"
         return [launcher() + ["-np", str(n)] + me + ["--worker", "hvd"]], env
-    n = 2 if config == "ddp2" else 1
     port = free_port()
     env["GLOO_SOCKET_IFNAME"] = "lo"
     return [me + ["--worker", "ddp", "--rank", str(r), "--size", str(n), "--port", str(port)]
@@ -213,28 +221,27 @@ def main():
     ap.add_argument("--models", default=",".join(MODELS))
     ap.add_argument("--configs", default=",".join(CONFIGS))
     ap.add_argument("--warmup", type=int, default=5)
-    ap.add_argument("--reps", type=int, default=None, help="timed repetitions (default 7)")
+    ap.add_argument("--reps", type=int, default=None,
+                    help="timed repetitions of each twin (default 6; 3 with --quick)")
     ap.add_argument("--steps", type=int, default=10, help="steps per repetition")
     ap.add_argument("--timeout", type=float, default=300)
     ap.add_argument("--json", default=None, help="write every measurement to this file")
     ap.add_argument("--strict", action="store_true", help="exit 1 when a target FAILs")
     # worker mode
-    ap.add_argument("--worker", choices=("plain", "hvd", "ddp"), help=argparse.SUPPRESS)
+    ap.add_argument("--worker", choices=("hvd", "ddp"), help=argparse.SUPPRESS)
     ap.add_argument("--rank", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--size", type=int, default=1, help=argparse.SUPPRESS)
     ap.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.reps is None:
-        args.reps = 4 if args.quick else 7
+        args.reps = 3 if args.quick else 6
     if args.worker:
         return worker(args)
     args.models = [m for m in args.models.split(",") if m]
     configs = [c for c in args.configs.split(",") if c]
     rounds = args.rounds or (1 if args.quick else 3)
 
-    data = {c: {m: [] for m in args.models} for c in configs}
-    best = {c: {m: [] for m in args.models} for c in configs}
-    cpu = {c: {m: [] for m in args.models} for c in configs}
+    runs = {c: [] for c in configs}
     loads = []
     for r in range(rounds):
         order = configs[r % len(configs):] + configs[:r % len(configs)]
@@ -242,79 +249,125 @@ def main():
             before = load()
             print(f"[scaling] round {r + 1}/{rounds}: {LABEL[config]} (load {before:.2f})",
                   file=sys.stderr, flush=True)
-            res = run_config(config, args)
+            runs[config].append(run_config(config, args)["results"])
             loads.append((config, before, load()))
-            for m in args.models:
-                data[config][m].append(res["results"][m]["median"])
-                best[config][m].append(res["results"][m]["best"])
-                cpu[config][m].append(res["results"][m]["cpu_ms_per_step"])
-    med = {c: {m: statistics.median(v) for m, v in d.items()} for c, d in data.items()}
-    top = {c: {m: max(v) for m, v in d.items()} for c, d in best.items()}
-    cpu_med = {c: {m: statistics.median(v) for m, v in d.items()} for c, d in cpu.items()}
-    report(med, top, cpu_med, loads, args, rounds)
+    stats = summarize(runs, args.models)
+    report(stats, loads, args, rounds, runs)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"medians": med, "best": top, "cpu_ms_per_step": cpu_med,
-                       "rounds": data, "loads": loads}, f, indent=1)
-    failed = any(line.startswith("FAIL") for line in verdicts(med, args))
+            json.dump({"summary": stats, "runs": runs, "loads": loads}, f, indent=1)
+    failed = any(line.startswith("FAIL") for line in verdicts(stats, args.models))
     return 1 if failed and args.strict else 0
 
 
-def verdicts(med, args):
-    out = []
-    for m in args.models:
-        def get(c):
-            return med.get(c, {}).get(m)
-        if get("hvd1") and get("hvd2"):
-            eff = get("hvd2") / (2 * get("hvd1"))
-            out.append(f"{'PASS' if eff >= TARGET_EFFICIENCY else 'FAIL'} {m}: spark_hvd 2-rank "
-                       f"scaling efficiency {eff:.1%} (target >= {TARGET_EFFICIENCY:.0%})")
-            if get("ddp1") and get("ddp2"):
-                ddp = get("ddp2") / (2 * get("ddp1"))
-                out.append(f"{'PASS' if eff >= ddp else 'FAIL'} {m}: spark_hvd efficiency "
-                           f"{eff:.1%} >= DDP's {ddp:.1%}")
-        if get("plain") and get("hvd1"):
-            over = 1 - get("hvd1") / get("plain")
-            out.append(f"{'PASS' if over <= TARGET_OVERHEAD else 'FAIL'} {m}: "
-                       f"DistributedOptimizer overhead at 1 rank {over:+.1%} (target <= "
-                       f"{TARGET_OVERHEAD:.0%})")
+def summarize(runs, models):
+    """{config: {model: {dist, local, ratio, cpu_dist, cpu_local}}}: medians over rounds."""
+    out = {}
+    for config, rounds in runs.items():
+        if not rounds:
+            continue
+        out[config] = {}
+        for m in models:
+            rs = [r[m] for r in rounds]
+            out[config][m] = {
+                "dist": statistics.median(r["dist"]["median"] for r in rs),
+                "local": statistics.median(r["local"]["median"] for r in rs),
+                "ratio": statistics.median(r["dist"]["median"] / r["local"]["median"]
+                                           for r in rs),
+                "cpu_dist": statistics.median(r["dist"]["cpu_ms_per_step"] for r in rs),
+                "cpu_local": statistics.median(r["local"]["cpu_ms_per_step"] for r in rs),
+            }
     return out
 
 
-def report(med, top, cpu, loads, args, rounds):
-    print(f"## Training throughput (samples/s, all ranks; median of {rounds} round(s), "
-          f"{args.reps} x {args.steps} steps each)\n")
-    configs = list(med)
+def verdicts(stats, models):
+    out = []
+
+    def get(c, m, k):
+        return stats.get(c, {}).get(m, {}).get(k)
+
+    def line(ok, text):
+        out.append(f"{'PASS' if ok else 'FAIL'} {text}")
+    for m in models:
+        if get("hvd2", m, "dist") and get("hvd1", m, "dist"):
+            eff = get("hvd2", m, "dist") / (2 * get("hvd1", m, "dist"))
+            line(eff >= TARGET_EFFICIENCY, f"{m}: spark_hvd 2-rank efficiency across jobs "
+                 f"{eff:.1%} (target >= {TARGET_EFFICIENCY:.0%})")
+            if get("ddp2", m, "dist") and get("ddp1", m, "dist"):
+                ddp = get("ddp2", m, "dist") / (2 * get("ddp1", m, "dist"))
+                line(eff >= ddp, f"{m}: across jobs, spark_hvd {eff:.1%} >= DDP {ddp:.1%}")
+        if get("hvd2", m, "ratio"):
+            eff = get("hvd2", m, "ratio")
+            line(eff >= TARGET_EFFICIENCY, f"{m}: spark_hvd 2-rank efficiency within the job "
+                 f"{eff:.1%} (target >= {TARGET_EFFICIENCY:.0%})")
+            if get("ddp2", m, "ratio"):
+                ddp = get("ddp2", m, "ratio")
+                line(eff >= ddp, f"{m}: within the job, spark_hvd {eff:.1%} >= DDP {ddp:.1%}")
+        for c in ("hvd1", "hvd1hooks"):
+            if get(c, m, "ratio"):
+                over = 1 - get(c, m, "ratio")
+                line(over <= TARGET_OVERHEAD, f"{m}: DistributedOptimizer overhead at 1 rank "
+                     f"({LABEL[c]}) {over:+.1%} (target <= {TARGET_OVERHEAD:.0%})")
+    return out
+
+
+def report(stats, loads, args, rounds, stats_rounds=None):
+    configs = list(stats)
+    print(f"## Training throughput (samples/s over all ranks; median of {rounds} round(s), "
+          f"{args.reps} x {args.steps} steps per twin and job)\n")
+    print("| model | " + " | ".join(f"{LABEL[c]} dist | {LABEL[c]} local" for c in configs)
+          + " |")
+    print("|---" * (2 * len(configs) + 1) + "|")
+    for m in args.models:
+        print(f"| {m} | " + " | ".join(f"{stats[c][m]['dist']:.0f} | {stats[c][m]['local']:.0f}"
+                                       for c in configs) + " |")
+    print("\n| model | hvd x2 / 2·hvd x1 | ddp x2 / 2·ddp x1 | no-communication ceiling "
+          "(local x2 / 2·local x1) | hvd x2 dist/local | ddp x2 dist/local | hvd x1 overhead | "
+          "hvd x1 hooks overhead | ddp x1 overhead |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for m in args.models:
+        def across(a, b):
+            if a in stats and b in stats:
+                return f"{stats[a][m]['dist'] / (2 * stats[b][m]['dist']):.1%}"
+            return "-"
+
+        def within(c, overhead=False):
+            if c not in stats:
+                return "-"
+            r = stats[c][m]["ratio"]
+            return f"{1 - r:+.1%}" if overhead else f"{r:.1%}"
+        ceiling = "-"
+        if "hvd2" in stats and "hvd1" in stats:
+            ceiling = f"{stats['hvd2'][m]['local'] / (2 * stats['hvd1'][m]['local']):.1%}"
+        print(f"| {m} | {across('hvd2', 'hvd1')} | {across('ddp2', 'ddp1')} | {ceiling} | "
+              f"{within('hvd2')} | {within('ddp2')} | {within('hvd1', True)} | "
+              f"{within('hvd1hooks', True)} | {within('ddp1', True)} |")
+    print("\nRank 0's CPU time per step, ms (all threads of the process, dist / local):\n")
     print("| model | " + " | ".join(LABEL[c] for c in configs) + " |")
     print("|---" * (len(configs) + 1) + "|")
     for m in args.models:
-        print(f"| {m} | " + " | ".join(f"{med[c][m]:.0f}" for c in configs) + " |")
-    print("\n| model | efficiency hvd (x2 / 2·x1) | efficiency ddp | hvd x2 vs 2·plain | "
-          "ddp x2 vs 2·plain | overhead hvd x1 | overhead hvd x1 hooks |")
-    print("|---|---|---|---|---|---|---|")
-    for m in args.models:
-        def r(a, b, k=1.0):
-            if a in med and b in med:
-                return f"{med[a][m] / (k * med[b][m]):.1%}"
-            return "-"
-
-        def o(a):
-            return f"{1 - med[a][m] / med['plain'][m]:+.1%}" if a in med and "plain" in med \
-                else "-"
-        print(f"| {m} | {r('hvd2', 'hvd1', 2)} | {r('ddp2', 'ddp1', 2)} | "
-              f"{r('hvd2', 'plain', 2)} | {r('ddp2', 'plain', 2)} | {o('hvd1')} | "
-              f"{o('hvd1hooks')} |")
-    print("\nBest repetition of any round (samples/s), and rank 0's CPU time per step (ms, all "
-          "threads of the process; less sensitive to other load than wall time):\n")
-    print("| model | " + " | ".join(f"{LABEL[c]} best" for c in configs) + " | " +
-          " | ".join(f"{LABEL[c]} cpu" for c in configs) + " |")
-    print("|---" * (2 * len(configs) + 1) + "|")
-    for m in args.models:
-        print(f"| {m} | " + " | ".join(f"{top[c][m]:.0f}" for c in configs) + " | " +
-              " | ".join(f"{cpu[c][m]:.1f}" for c in configs) + " |")
+        print(f"| {m} | " + " | ".join(
+            f"{stats[c][m]['cpu_dist']:.1f} / {stats[c][m]['cpu_local']:.1f}" for c in configs)
+            + " |")
+    if rounds > 1:
+        print("\nPer round, dist/local within each job (load at the job's start):\n")
+        print("| round | " + " | ".join(LABEL[c] for c in configs) + " |")
+        print("|---" * (len(configs) + 1) + "|")
+        for r in range(rounds):
+            cells = []
+            for c in configs:
+                res = stats_rounds[c][r] if r < len(stats_rounds[c]) else None
+                load_at = [a for cc, a, _ in loads if cc == c]
+                if res is None:
+                    cells.append("-")
+                    continue
+                ratios = ", ".join(f"{m} {res[m]['dist']['median'] / res[m]['local']['median']:.0%}"
+                                   for m in args.models)
+                cells.append(f"{ratios} ({load_at[r]:.1f})" if r < len(load_at) else ratios)
+            print(f"| {r + 1} | " + " | ".join(cells) + " |")
     lo = [f"{LABEL[c]} {a:.2f}->{b:.2f}" for c, a, b in loads]
     print(f"\nload average (1 min) before->after each job: {', '.join(lo)}\n")
-    for line in verdicts(med, args):
+    for line in verdicts(stats, args.models):
         print(line)
 
 

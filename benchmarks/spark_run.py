@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """spark_hvd.spark.run vs Spark's TorchDistributor: the cost of starting a job on Spark.
 
-    .venv/bin/python benchmarks/spark_run.py              # 5 repetitions (a few minutes)
+    .venv/bin/python benchmarks/spark_run.py              # 5 repetitions (5-10 minutes)
     .venv/bin/python benchmarks/spark_run.py --reps 3 --json out.json
 
 One local[2] SparkSession serves both systems, each running 2 ranks as 2 barrier tasks:
@@ -57,7 +57,8 @@ def session():
     spark = (SparkSession.builder.master("local[2]").appName("spark_hvd run benchmark")
              .config("spark.driver.host", "127.0.0.1")
              .config("spark.driver.bindAddress", "127.0.0.1")
-             .config("spark.ui.enabled", "false").getOrCreate())
+             .config("spark.ui.enabled", "false")
+             .config("spark.ui.showConsoleProgress", "false").getOrCreate())
     spark.sparkContext.setLogLevel("ERROR")
     return spark
 
@@ -66,9 +67,27 @@ class System:
     def __init__(self, name, run_fn):
         self.name, self.run_fn = name, run_fn
         self.samples = {"start": [], "empty": [], "init": []}
+        self.failures = []
 
-    def measure(self, kinds=("start", "init")):
-        if "start" in kinds:
+    def measure(self, tries=3):
+        """One sample of each kind; a failed run (it happens to torchrun's gloo under load) is
+        noted and tried again."""
+        for kind in ("start", "init"):
+            for attempt in range(tries):
+                try:
+                    self._measure(kind)
+                    break
+                except Exception as e:  # noqa: BLE001
+                    first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+                    self.failures.append(f"{kind}: {first[:200]}")
+                    print(f"{self.name}: a '{kind}' run failed ({first[:200]}); "
+                          f"{'trying again' if attempt + 1 < tries else 'giving up'}",
+                          flush=True)
+            else:
+                raise RuntimeError(f"{self.name}: '{kind}' failed {tries} times")
+
+    def _measure(self, kind):
+        if kind == "start":
             with tempfile.TemporaryDirectory(prefix="spark_hvd_bench_") as d:
                 t0 = time.time()
                 self.run_fn(mark_start, d)
@@ -78,7 +97,7 @@ class System:
                 raise RuntimeError(f"{self.name}: fn started on {len(starts)} ranks, not 2")
             self.samples["start"].append(max(starts) - t0)
             self.samples["empty"].append(total)
-        if "init" in kinds:
+        else:
             t0 = time.time()
             self.run_fn(hvd_init if self.name == "spark_hvd" else torch_init, None)
             self.samples["init"].append(time.time() - t0)
@@ -141,10 +160,14 @@ def main(argv=None):
     print(f"{'PASS' if ok else 'FAIL'}: spark_hvd overhead <= TorchDistributor's "
           f"(start {theirs['start'] / ours['start']:.2f}x, empty "
           f"{theirs['empty'] / ours['empty']:.2f}x)")
+    for s in systems:
+        if s.failures:
+            print(f"note: {len(s.failures)} failed {s.name} run(s), retried: {s.failures}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"reps": args.reps, "medians": medians,
-                       "samples": {s.name: s.samples for s in systems}}, f, indent=1)
+                       "samples": {s.name: s.samples for s in systems},
+                       "failures": {s.name: s.failures for s in systems}}, f, indent=1)
     return 1 if args.strict and not ok else 0
 
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Prepare a machine for building and testing spark_hvd. Idempotent and non-interactive (CI runs it
 # as root with no stdin). Steps:
-#   1. OpenMPI (mpirun, mpicc, headers) from apt when missing.
+#   1. OpenMPI (mpirun, mpicc, headers), g++ and a Java 17 runtime (for PySpark) from apt when
+#      missing.
 #   2. .venv with the pinned requirements + `pip install -e .`; skipped when .venv/.setup-stamp
 #      matches the hash of requirements*.txt, pyproject.toml, setup.py and this script.
 #   3. Always: the incremental native build (python build.py), cheap when nothing changed.
@@ -43,6 +44,13 @@ if [ "${SPARK_HVD_SKIP_APT:-0}" != "1" ]; then
     log "installing g++"
     as_root apt-get update -q
     as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends g++
+  fi
+  # PySpark runs Spark in a JVM: Java 17 (Spark 4 needs 17 or newer).
+  if ! command -v java >/dev/null 2>&1; then
+    log "installing a Java 17 runtime (openjdk-17-jre-headless) for PySpark"
+    as_root apt-get update -q
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
+      openjdk-17-jre-headless procps
   fi
 fi
 

@@ -1,8 +1,9 @@
 """spark_hvd.spark.run from spark-submit applications on multi-executor clusters (slow).
 
-- ``local-cluster[2,2,1024]``: two executor JVMs with two cores each.
-- A real standalone cluster, master and two workers on 127.0.0.1, started here with Spark's
-  ``sbin/spark-daemon.sh`` and stopped at the end of the test whatever happens.
+- ``local-cluster[2,1,1024]``: two executor JVMs of one core each.
+- A real standalone cluster, master and two workers of two cores on 127.0.0.1, started here
+  with Spark's ``sbin/spark-daemon.sh`` and stopped at the end of the test whatever happens:
+  four ranks, two per executor (local_size 2, cross_size 2).
 - The documented example, ``spark-submit --master local[2] examples/spark/torch_run.py``.
 
 Each application runs with a timeout that kills everything it started.
@@ -86,14 +87,15 @@ def _alive(pids, timeout=15.0):
 
 
 def _check_job(result: subprocess.CompletedProcess, report_path: Path, pid_dir: Path,
-               num_proc: int) -> dict:
+               executors: int, per_executor: int) -> dict:
     assert result.returncode == 0, f"{result.stdout[-5000:]}\n{result.stderr[-8000:]}"
     report = json.loads(report_path.read_text())
     ranks = report["results"]
-    # Two executors with two tasks each: host-major ranks, two "hosts" of two.
+    num_proc = executors * per_executor
+    # Host-major ranks: each executor is a "host" with consecutive ranks.
     assert [(r["rank"], r["local_rank"], r["local_size"], r["cross_rank"], r["cross_size"])
-            for r in ranks] == [(0, 0, 2, 0, 2), (1, 1, 2, 0, 2), (2, 0, 2, 1, 2),
-                                (3, 1, 2, 1, 2)][:num_proc]
+            for r in ranks] == [(e * per_executor + k, k, per_executor, e, executors)
+                                for e in range(executors) for k in range(per_executor)]
     assert all(r["sum"] == num_proc * (num_proc + 1) / 2 for r in ranks)
     # Output reached the driver from the executors, prefixed with the rank.
     for r in range(num_proc):
@@ -109,13 +111,14 @@ def _check_job(result: subprocess.CompletedProcess, report_path: Path, pid_dir: 
 
 
 def test_local_cluster_from_spark_submit(tmp_path):
+    # Two executor JVMs of one core each (the standalone test below has two cores each).
     pid_dir = tmp_path / "rank_pids"
     pid_dir.mkdir()
     report_path = tmp_path / "report.json"
-    args = _submit_args("local-cluster[2,2,1024]", tmp_path,
-                        "spark.executor.memory=512m") + [JOB, report_path, 4, pid_dir]
+    args = _submit_args("local-cluster[2,1,1024]", tmp_path,
+                        "spark.executor.memory=512m") + [JOB, report_path, 2, pid_dir]
     result = _run(args, _env(tmp_path), timeout=360)
-    _check_job(result, report_path, pid_dir, 4)
+    _check_job(result, report_path, pid_dir, executors=2, per_executor=1)
 
 
 def _free_port() -> int:
@@ -193,7 +196,7 @@ def test_standalone_cluster_from_spark_submit(tmp_path):
                             "spark.cores.max=4", "spark.executor.memory=512m")
         result = _run(args + [JOB, report_path, 4, pid_dir], cluster.env, timeout=300)
         try:
-            _check_job(result, report_path, pid_dir, 4)
+            _check_job(result, report_path, pid_dir, executors=2, per_executor=2)
         except AssertionError:
             print(cluster.logs())
             raise

@@ -109,6 +109,16 @@ def test_results_output_and_env(spark):
         assert f"[{r}]<stderr>: to stderr rank={r}\n" in err.getvalue()
 
 
+def test_the_documented_example(spark):
+    import doctest
+    globs = {"__name__": "__main__", "spark_hvd": spark_hvd}  # fn pickled by value
+    runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS)
+    for test in doctest.DocTestFinder().find(spark_hvd.spark.run, "run", globs=globs):
+        runner.run(test)
+    assert runner.summarize(verbose=False).failed == 0
+    assert runner.summarize(verbose=False).attempted >= 2
+
+
 def test_driver_tuning_variables_reach_the_ranks(spark, monkeypatch):
     monkeypatch.setenv("SPARK_HVD_CYCLE_TIME", "3")
     results = spark_hvd.spark.run(fns.env_of, args=(["SPARK_HVD_CYCLE_TIME", "SPARK_HVD_RANK"],),

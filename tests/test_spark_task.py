@@ -233,7 +233,7 @@ def test_killed_rank_fails_within_seconds(job, tmp_path):
 def test_init_on_some_ranks_only_is_an_error(job):
     j = job(fns.init_only_on, args=(0,))
     assert 0 in j.errors
-    assert "ranks [1] had already returned" in str(j.errors[0])
+    assert "but rank 1 already returned from fn" in str(j.errors[0])
 
 
 def test_gpu_resources_become_visible_devices(job):

@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <sched.h>
+#include <time.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -127,7 +128,14 @@ void SharedMemoryGroup::wait_all(const Communicator& comm, int which, uint64_t t
             throw PeerLostError("rank " + std::to_string(comm.global_ranks[m]) +
                                 " died during a shared-memory allreduce");
         }
-        sched_yield();
+        // Long waits sleep: on an oversubscribed machine a yielding spinner still takes CPU
+        // from the very peer it waits for.
+        if (idle < 12000) {
+          sched_yield();
+        } else {
+          timespec ts{0, 20000};
+          nanosleep(&ts, nullptr);
+        }
       }
     }
   }

@@ -8,6 +8,7 @@ and every Python version.
 import ctypes
 import os
 
+from ._errors import CollectiveError
 from .exceptions import HorovodInternalError
 
 ERR_INVALID, ERR_INTERNAL, ERR_STATE = 1, 2, 3
@@ -104,7 +105,7 @@ def raise_last_error():
     message = (lib.shvd_last_error() or b"").decode("utf-8", "replace")
     kind = lib.shvd_last_error_kind()
     if kind == ERR_INVALID:
-        raise ValueError(message)
+        raise CollectiveError(message)
     if kind == ERR_INTERNAL:
         raise HorovodInternalError(message)
     raise RuntimeError(message)

@@ -122,10 +122,12 @@ def shared_memory_enabled():
 
 
 def gloo_built():
+    """True: the embedded TCP/shared-memory transport (Horovod's "gloo" slot) is always built."""
     return True
 
 
 def gloo_enabled():
+    """True while initialized: every job uses the embedded transport."""
     return is_initialized()
 
 
@@ -135,34 +137,42 @@ def mpi_built():
 
 
 def mpi_enabled():
+    """False: MPI is not used as a transport (mpirun can still launch jobs)."""
     return False
 
 
 def mpi_threads_supported():
+    """False: MPI is not used as a transport."""
     return False
 
 
 def nccl_built():
+    """False: no NCCL transport in this build (CUDA tensors are staged through host memory)."""
     return False
 
 
 def ddl_built():
+    """False: IBM DDL is not supported."""
     return False
 
 
 def ccl_built():
+    """False: oneCCL is not supported."""
     return False
 
 
 def cuda_built():
+    """False: the core has no CUDA-aware transport in this build."""
     return False
 
 
 def rocm_built():
+    """False: the core has no ROCm-aware transport in this build."""
     return False
 
 
 def mpirun_available():
+    """True when an ``mpirun`` executable is on PATH."""
     return shutil.which("mpirun") is not None
 
 

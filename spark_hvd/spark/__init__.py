@@ -68,18 +68,22 @@ def run(fn, args=(), kwargs=None, num_proc=None, start_timeout=None, use_mpi=Non
             configuration ``spark_hvd.allowUnencrypted=true`` or the environment variable
             ``SPARK_HVD_ALLOW_UNENCRYPTED=1`` allows it.
 
-    Example:
+    Example (with an active SparkSession of two or more task slots):
 
         >>> def rank_and_size():
         ...     import spark_hvd.numpy as hvd
         ...     hvd.init()
         ...     return hvd.rank(), hvd.size()
-        >>> spark_hvd.spark.run(rank_and_size, num_proc=2)  # doctest: +SKIP
+        >>> spark_hvd.spark.run(rank_and_size, num_proc=2)
         [(0, 2), (1, 2)]
     """
     if use_mpi:
         raise ValueError("spark_hvd.spark.run: MPI is not supported; the ranks use spark_hvd's "
                          "built-in TCP/shared-memory transport (leave use_mpi unset)")
+    if extra_mpi_args:
+        import warnings
+        warnings.warn("spark_hvd.spark.run: extra_mpi_args is ignored (the ranks do not use MPI)",
+                      stacklevel=2)
     from spark_hvd.spark._controller import RunController
     return RunController(fn, args=args, kwargs=kwargs, num_proc=num_proc,
                          start_timeout=start_timeout, env=env, stdout=stdout, stderr=stderr,

@@ -22,11 +22,13 @@ from __future__ import annotations
 
 import json
 import queue
+import socket
 import sys
 import threading
 import time
 
 from spark_hvd.common._rendezvous import KVClient, RendezvousServer
+from spark_hvd.spark._placement import host_of
 
 WINDOW = 256
 EOF = b"\x00EOF"
@@ -213,6 +215,11 @@ class TaskChannel:
         if not self._addr:
             return None
         try:
+            # The driver's server is up before any task starts, so a refused connection is
+            # final (KVClient itself would retry refusals until its timeout).
+            port = int(self._addr.rpartition(":")[2])
+            socket.create_connection((host_of(self._addr), port),
+                                     timeout=self._connect_timeout).close()
             return KVClient(self._addr, self._secret, timeout=self._connect_timeout)
         except (RuntimeError, OSError, ValueError):
             return None

@@ -26,22 +26,43 @@ ERROR_ENV = "SPARK_HVD_SPARK_ERROR"
 _PARENT_POLL_SECONDS = 0.1
 
 
+def _kill_group(workdir):
+    """The task is gone: remove its scratch directory and kill this process group (this
+    process and whatever ``fn`` started)."""
+    try:
+        shutil.rmtree(workdir, ignore_errors=True)
+        os.killpg(os.getpgrp(), signal.SIGKILL)
+    finally:
+        os._exit(137)
+
+
 def _watch_parent(parent_pid, workdir):
     """Kill this process group when the task's Python worker goes away.
 
     Spark kills the Python worker of a cancelled or failed barrier task with SIGKILL, which
-    gives the task no chance to clean up; the kernel's parent-death signal (set by the spawn)
-    covers this process, this thread also covers whatever ``fn`` started in our group, and
-    removes the task's scratch directory.
+    gives the task no chance to clean up. Two things notice: the parent-death signal that the
+    spawn set (SIGTERM, see :func:`_install_sigterm_handler`), and this thread, for when the
+    main thread cannot run Python code or ``fn`` installed a SIGTERM handler of its own.
     """
     while True:
         time.sleep(_PARENT_POLL_SECONDS)
         if os.getppid() != parent_pid:
-            try:
-                shutil.rmtree(workdir, ignore_errors=True)
-                os.killpg(os.getpgrp(), signal.SIGKILL)
-            finally:
-                os._exit(137)
+            _kill_group(workdir)
+
+
+def _install_sigterm_handler(parent_pid, workdir):
+    """SIGTERM stops the whole process group, not just this process: whatever ``fn`` started
+    goes too. It comes from the task stopping the rank, or from the parent-death signal
+    (which may arrive while the dying Python worker still looks alive, so the handler does
+    not try to tell them apart)."""
+
+    def on_sigterm(signum, frame):
+        if os.getppid() != parent_pid:
+            shutil.rmtree(workdir, ignore_errors=True)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.killpg(os.getpgrp(), signal.SIGTERM)  # the group, this process included
+
+    signal.signal(signal.SIGTERM, on_sigterm)
 
 
 def _write_atomically(path, data):
@@ -70,8 +91,10 @@ def main():
     payload_path = os.environ.pop(PAYLOAD_ENV)
     result_path = os.environ.pop(RESULT_ENV)
     error_path = os.environ.pop(ERROR_ENV)
-    threading.Thread(target=_watch_parent, args=(os.getppid(), os.path.dirname(payload_path)),
-                     daemon=True, name="spark-hvd-parent-watch").start()
+    parent, workdir = os.getppid(), os.path.dirname(payload_path)
+    _install_sigterm_handler(parent, workdir)
+    threading.Thread(target=_watch_parent, args=(parent, workdir), daemon=True,
+                     name="spark-hvd-parent-watch").start()
 
     import cloudpickle
 

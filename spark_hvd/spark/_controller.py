@@ -300,13 +300,17 @@ class RunController:
                 f"within start_timeout={self.start_timeout:g} s (ranks {missing} did not): the "
                 "cluster has fewer free task slots than num_proc, or the executors are busy. "
                 "Lower num_proc, free or add executors, or raise start_timeout.")
-        errors = self.channel.errors()
-        report = pick_failure(errors)
+        report = pick_failure(self.channel.errors())
         self.channel.abort(f"rank {report['rank']} failed" if report else "the Spark job failed")
         # Return once the other ranks are gone (their tasks kill them at the abort), so that
         # the caller can rely on a clean slate; bounded, since Spark kills the rest anyway.
         started = set(self.channel.ranks_with("started"))
         self.channel.wait_all("stopped", _STOP_WAIT_SECONDS, ranks=started)
+        self.channel.wait_output(timeout=2.0)  # their last lines (tracebacks) before ours
+        # Reports that came in meanwhile may tell more (the rank that raised, where the first
+        # one to fail only lost its peer).
+        errors = self.channel.errors()
+        report = pick_failure(errors)
         if report is not None:
             others = sorted(r for r in errors if r != report["rank"])
             also = f" (ranks {others} failed after it)" if others else ""

@@ -26,7 +26,11 @@ def active_session(spark=None):
             return session
     except ImportError:  # pyspark without the connect extra
         pass
-    from pyspark.sql import SparkSession
+    try:
+        from pyspark.sql import SparkSession
+    except ImportError:
+        raise RuntimeError("spark_hvd.spark needs PySpark 4 with PyArrow: "
+                           "pip install 'spark-hvd[spark]'") from None
     session = SparkSession.getActiveSession()
     if session is None:
         raise RuntimeError("spark_hvd.spark.run needs a SparkSession: create one first "

@@ -12,10 +12,13 @@
    job secret. A later ``init()`` after ``shutdown()`` is another round.
 4. Forward the rank's output to the driver, then return its pickled result as rows.
 
-Every task calls ``allGather`` the same number of times (Spark requires it): once per round its
-rank starts, and once when the rank has returned. If a rank fails, its task does not wait for a
-round: it reports the error to the driver, which tells every other task to stop its rank, and
-fails the Spark task, which makes Spark abort the barrier stage.
+Spark requires every task to call ``allGather`` equally often, and each call costs about a
+second (Spark polls for its completion once a second), so there is one call per ``init()`` and
+none other. A rank that calls ``init()`` once more than another would leave that call waiting
+forever: a task whose rank returns says so through the driver's channel, and a task still in a
+round then fails with a clear message. If a rank fails, its task does not wait for anything: it
+reports the error to the driver, which tells every other task to stop its rank, and fails the
+Spark task, which makes Spark abort the barrier stage.
 """
 
 from __future__ import annotations
@@ -144,7 +147,8 @@ class _RankTask:
         self.workdir = None
         self.output_threads = []
         self.stderr_tail = collections.deque(maxlen=_STDERR_TAIL_LINES)
-        self.rounds = 0
+        self.pending = None     # generation of the init round in progress
+        self.returned = None    # "rank R" once some rank returned from fn
         self.finished = False
         self.channel = TaskChannel(spec.channel_addr, spec.secret, spec.job_id, self.rank)
 
@@ -159,7 +163,6 @@ class _RankTask:
         mine = list(gpu.addresses)
         # Every task of the stage has the same resource profile, so either all of them have
         # a GPU resource and take part in this round, or none does.
-        self.rounds += 1
         gathered = [json.loads(m) for m in self.ctx.allGather(
             json.dumps({"a": self.address, "r": self.rank, "g": mine}))]
         host = sorted((m["r"], m["g"]) for m in gathered if m["a"] == self.address)
@@ -208,8 +211,8 @@ class _RankTask:
         bind_addr = _bind_address(self.address, self.spec.nics)
         env = self._child_env(f"127.0.0.1:{port}", bind_addr)
         command = [self.spec.executable or sys.executable, "-m", "spark_hvd.spark._child"]
-        # Spawn before this task starts threads of its own (the spawn runs code between fork
-        # and exec).
+        # Spawn before the channel's thread starts: the spawn runs Python code between fork
+        # and exec, which must not wait for a lock that another thread held at the fork.
         self.proc = spawn(self.rank, self.address, command, env, os.getcwd(), remote=False)
         self.channel.start()
         if self.spec.verbose >= 2:
@@ -227,6 +230,7 @@ class _RankTask:
         threading.Thread(target=self._watch_rendezvous, args=(port,), daemon=True,
                          name=f"spark-hvd-rendezvous-{self.rank}").start()
         self.channel.watch("abort", lambda value: self.events.put(("abort", value)))
+        self.channel.watch("returned", lambda value: self.events.put(("returned", value)))
 
     def _wait_child(self) -> None:
         self.proc.popen.wait()
@@ -264,39 +268,58 @@ class _RankTask:
                 if event[1] != 0:
                     self._fail(event[1])
                 return self._finish()
-            self._rendezvous_round(event[1], event[2])
+            if kind == "returned":
+                self.returned = event[1].decode(errors="replace")
+                if self.pending is not None:
+                    self._init_mismatch(self.pending)
+            elif kind == "init":
+                self._start_round(event[1], event[2])
+            elif kind == "gathered":
+                self._end_round(event[1], event[2])
 
-    def _gather(self, message: dict) -> list[dict]:
-        self.rounds += 1
-        message["r"] = self.rank
-        return [json.loads(m) for m in self.ctx.allGather(json.dumps(message))]
+    def _start_round(self, generation: int, value: bytes) -> None:
+        """The rank is in ``hvd.init()``: gather every rank's line, in a thread, so that this
+        loop still sees the rank die, an abort, or another rank return (which would leave
+        ``allGather`` waiting forever: every task must call it equally often)."""
+        if self.returned is not None:
+            self._init_mismatch(generation)
+        self.pending = generation
+        message = json.dumps({"r": self.rank, "g": generation,
+                              "v": base64.b64encode(value).decode()})
 
-    def _rendezvous_round(self, generation: int, value: bytes) -> None:
-        messages = self._gather({"k": "init", "g": generation,
-                                 "v": base64.b64encode(value).decode()})
-        others = [m for m in messages if m["k"] != "init" or m["g"] != generation]
-        if others:
+        def gather() -> None:
+            try:
+                self.events.put(("gathered", generation, self.ctx.allGather(message)))
+            except BaseException as e:  # noqa: BLE001 - Spark's error, reported by run()
+                self.events.put(("gathered", generation, e))
+
+        threading.Thread(target=gather, daemon=True,
+                         name=f"spark-hvd-allgather-{self.rank}").start()
+
+    def _end_round(self, generation: int, messages) -> None:
+        """Put every other rank's line into the local server: the rank's ``allgather``
+        completes and the ranks connect to each other."""
+        self.pending = None
+        if isinstance(messages, BaseException):
             self._stop_child()
-            returned = sorted(m["r"] for m in others)
-            raise TaskFailed(
-                f"rank {self.rank} called hvd.init() (time {generation + 1}) but ranks "
-                f"{returned} had already returned from fn: every rank must call init() the "
-                "same number of times")
+            raise TaskFailed(f"rank {self.rank}: BarrierTaskContext.allGather failed during "
+                             f"hvd.init(): {messages}") from messages
         scope = f"{self.spec.job_id}/init.{generation}"
         with KVClient(f"127.0.0.1:{self.server.port}", self.spec.secret, timeout=30) as client:
-            for m in messages:
+            for m in map(json.loads, messages):
                 if m["r"] != self.rank:
                     client.put(scope, f"allgather.0/{m['r']}", base64.b64decode(m["v"]))
 
+    def _init_mismatch(self, generation: int) -> None:
+        self._stop_child()
+        raise TaskFailed(
+            f"rank {self.rank} called hvd.init() (call {generation + 1}) but {self.returned} "
+            "already returned from fn: every rank must call init() the same number of times")
+
     def _finish(self) -> bytes:
-        """The rank returned: wait for every task to get there (the last allGather), then
-        hand over the result."""
-        messages = self._gather({"k": "exit"})
-        starting = sorted(m["r"] for m in messages if m["k"] != "exit")
+        """The rank returned: hand over its result, and tell the tasks whose ranks might
+        still wait for it in ``hvd.init()``."""
         self._drain_output()
-        if starting:
-            self.channel.log(f"rank {self.rank} returned from fn while ranks {starting} called "
-                             "hvd.init() again")
         path = os.path.join(self.workdir, "result")
         try:
             with open(path, "rb") as f:
@@ -304,6 +327,7 @@ class _RankTask:
         except OSError:
             raise TaskFailed(f"rank {self.rank} exited without leaving a result") from None
         self.finished = True
+        self.channel.put_global("returned", f"rank {self.rank}".encode())
         return data
 
     def _fail(self, returncode: int) -> None:
@@ -327,12 +351,12 @@ class _RankTask:
         info = {"rank": self.rank, "host": host, "executor": self.address, "kind": kind,
                 "returncode": returncode, "summary": summary, "detail": detail,
                 "time": time.time(), "attempt": self.ctx.attemptNumber()}
-        self._drain_output(timeout=1.0)
         self.channel.put("error", json.dumps(info).encode())
         if kind == "user":
             self.channel.put_global("user_error", f"rank {self.rank}: {summary}".encode())
         self.channel.put_global("abort", f"rank {self.rank} failed ({summary})".encode())
         self._stop_child()
+        self._drain_output(timeout=1.0)  # the rank's last lines (its traceback) go first
         raise TaskFailed(f"[{FAILURE_MARKER} {self.rank}] rank {self.rank} on {host} failed: "
                          f"{detail}")
 

@@ -89,11 +89,8 @@ def _allocate(dtype):
 
 def _auto_name(kind, name, set_id):
     """Horovod's naming (unnamed ops numbered per kind, so ranks must issue them in the same
-    order), with one counter per process set: members of a set agree on the numbering even
-    when they also run ops in other sets."""
-    if name is not None:
-        return str(name)
-    return _ops.auto_name(kind if not set_id else f"{kind}.set{set_id}", None)
+    order), counted per process set (shared with every adapter, see ``_ops.auto_name``)."""
+    return _ops.auto_name(kind, name, set_id)
 
 
 def _reduce_op(op, average, default=Average):
@@ -199,6 +196,28 @@ def _allreduce_handle(tensors, inplace, name, op, prescale, postscale, process_s
             results = [_on(o, t.device) for o, t in zip(outs, tensors)]
         return results if grouped else results[0]
     return _ops.Handle(ids, finish, keepalive=(hosts, outs))
+
+
+def _allreduce_batch_async_(tensors, names, op, prescale, postscale, process_set):
+    """In-place allreduces of several tensors submitted in one batch (one enqueue, one engine
+    wake-up) but negotiated individually, so the core may fuse them with anything else; the
+    handle's result is the list of tensors. Used by DistributedOptimizer's gradient buckets."""
+    ps = process_set_id(process_set)
+    records, hosts, staged = [], [], []
+    for t, name in zip(tensors, names):
+        host, copy = _host(t)
+        records.append(_ops.make_op(OP_ALLREDUCE, name, _dtype_code(host), host.shape,
+                                    _ptr(host), _ptr(host), reduce_op=op,
+                                    prescale=float(prescale), postscale=float(postscale),
+                                    process_set=ps))
+        hosts.append(host)
+        staged.append(copy)
+    ids = _enqueue(records) if records else []
+
+    def finish(ids):
+        _ops.wait_all(ids)
+        return [_copy_back(h, t) if s else t for h, t, s in zip(hosts, tensors, staged)]
+    return _ops.Handle(ids, finish, keepalive=hosts)
 
 
 def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0,

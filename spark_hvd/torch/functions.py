@@ -6,25 +6,12 @@
 
 import torch
 
-from ..common import objects as _objects
+from ..common.objects import allgather_object, broadcast_object
 from ..common.process_sets import global_process_set, process_set_id
 from .collectives import _auto_name, _broadcast_many_, synchronize
 
 __all__ = ["allgather_object", "broadcast_object", "broadcast_optimizer_state",
            "broadcast_parameters"]
-
-
-def broadcast_object(obj, root_rank=0, name=None, process_set=global_process_set):
-    """Returns the ``root_rank``'s ``obj`` (any picklable object, tensors included) on every
-    rank of ``process_set``; ``root_rank`` counts within the set."""
-    name = _auto_name("broadcast_object", name, process_set_id(process_set))
-    return _objects.broadcast_object(obj, root_rank, name=name, process_set=process_set)
-
-
-def allgather_object(obj, name=None, process_set=global_process_set):
-    """Returns the list of every member's ``obj`` (any picklable object), in rank order."""
-    name = _auto_name("allgather_object", name, process_set_id(process_set))
-    return _objects.allgather_object(obj, name=name, process_set=process_set)
 
 
 def _wire(tensor):
