@@ -50,15 +50,15 @@ def _watch_parent(parent_pid, workdir):
             _kill_group(workdir)
 
 
-def _install_sigterm_handler(parent_pid, workdir):
+def _install_sigterm_handler(workdir):
     """SIGTERM stops the whole process group, not just this process: whatever ``fn`` started
     goes too. It comes from the task stopping the rank, or from the parent-death signal
     (which may arrive while the dying Python worker still looks alive, so the handler does
     not try to tell them apart)."""
 
     def on_sigterm(signum, frame):
-        if os.getppid() != parent_pid:
-            shutil.rmtree(workdir, ignore_errors=True)
+        # Nobody reads the rank's result any more; the task may be gone and not clean up.
+        shutil.rmtree(workdir, ignore_errors=True)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         os.killpg(os.getpgrp(), signal.SIGTERM)  # the group, this process included
 
@@ -92,7 +92,7 @@ def main():
     result_path = os.environ.pop(RESULT_ENV)
     error_path = os.environ.pop(ERROR_ENV)
     parent, workdir = os.getppid(), os.path.dirname(payload_path)
-    _install_sigterm_handler(parent, workdir)
+    _install_sigterm_handler(workdir)
     threading.Thread(target=_watch_parent, args=(parent, workdir), daemon=True,
                      name="spark-hvd-parent-watch").start()
 
