@@ -22,6 +22,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import alive_pids
+
 pytest.importorskip("pyspark")
 pytest.importorskip("pyarrow")
 
@@ -70,20 +72,6 @@ def _run(args, env, timeout, cwd=REPO) -> subprocess.CompletedProcess:
     return subprocess.CompletedProcess(args, proc.returncode, out, err)
 
 
-def _alive(pids, timeout=15.0):
-    import psutil
-    deadline = time.monotonic() + timeout
-    while True:
-        alive = []
-        for pid in pids:
-            try:
-                if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
-                    alive.append(pid)
-            except psutil.NoSuchProcess:
-                pass
-        if not alive or time.monotonic() > deadline:
-            return alive
-        time.sleep(0.1)
 
 
 def _check_job(result: subprocess.CompletedProcess, report_path: Path, pid_dir: Path,
@@ -106,7 +94,7 @@ def _check_job(result: subprocess.CompletedProcess, report_path: Path, pid_dir: 
     assert f"ValueError: deliberate failure on rank {num_proc - 1}" in failure["message"]
     pids = [int(p) for f in pid_dir.glob("rank*.pids") for p in f.read_text().split()]
     assert len(pids) == 2 * num_proc
-    assert _alive(pids) == []
+    assert alive_pids(pids, timeout=15.0) == []
     return report
 
 
@@ -174,7 +162,7 @@ class StandaloneCluster:
                 self._daemon("stop", cls, instance, timeout=30)
             except BaseException:  # noqa: BLE001 - killed below
                 pass
-        for pid in _alive(pids, timeout=10):
+        for pid in alive_pids(pids, timeout=10):
             try:
                 os.kill(pid, signal.SIGKILL)
             except OSError:
@@ -202,7 +190,7 @@ def test_standalone_cluster_from_spark_submit(tmp_path):
             raise
     finally:
         cluster.stop()
-    assert _alive(cluster.pids(), timeout=1) == []
+    assert alive_pids(cluster.pids(), timeout=1) == []
 
 
 def test_torch_example_with_spark_submit_local(tmp_path):

@@ -27,6 +27,8 @@ import fns  # noqa: E402
 import spark_hvd.spark  # noqa: E402
 from spark_hvd.spark import RunError  # noqa: E402
 
+from conftest import alive_pids
+
 cloudpickle.register_pickle_by_value(fns)
 pytestmark = pytest.mark.timeout(240)
 
@@ -78,20 +80,6 @@ def _pids(pid_dir: Path) -> list[int]:
     return [int(p) for f in pid_dir.glob("rank*.pids") for p in f.read_text().split()]
 
 
-def _alive(pids, timeout=10.0):
-    import psutil
-    deadline = time.monotonic() + timeout
-    while True:
-        alive = []
-        for pid in pids:
-            try:
-                if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
-                    alive.append(pid)
-            except psutil.NoSuchProcess:
-                pass
-        if not alive or time.monotonic() > deadline:
-            return alive
-        time.sleep(0.1)
 
 
 def test_results_output_and_env(spark):
@@ -148,7 +136,7 @@ def test_exception_in_one_rank(spark, tmp_path):
     assert seconds < 60, seconds
     pids = _pids(tmp_path)
     assert len(pids) == 4  # two ranks, each with a child process of its own
-    assert _alive(pids) == []
+    assert alive_pids(pids, timeout=10.0) == []
 
 
 def test_killed_rank_fails_the_job_within_seconds(spark, tmp_path):
@@ -159,7 +147,7 @@ def test_killed_rank_fails_the_job_within_seconds(spark, tmp_path):
     assert info.value.rank == 1 and info.value.kind == "crash"
     assert "killed by signal 9 (SIGKILL)" in str(info.value)
     assert time.monotonic() - t0 < 60
-    assert _alive(_pids(tmp_path)) == []
+    assert alive_pids(_pids(tmp_path), timeout=10.0) == []
 
 
 def test_too_few_slots_is_an_immediate_clear_error(spark):
@@ -180,7 +168,7 @@ def test_spark_connect_session(connect, tmp_path):
         spark_hvd.spark.run(fns.fail_on, args=(0, str(tmp_path)), num_proc=2, spark=connect,
                             stderr=io.StringIO())
     assert info.value.rank == 0 and "deliberate failure on rank 0" in str(info.value)
-    assert _alive(_pids(tmp_path)) == []
+    assert alive_pids(_pids(tmp_path), timeout=10.0) == []
     with pytest.raises(RunError, match="offers 2 task slot"):
         spark_hvd.spark.run(fns.empty, num_proc=4, spark=connect)
 
@@ -196,4 +184,4 @@ def test_works_when_executors_cannot_reach_the_driver_channel(spark, monkeypatch
     assert info.value.rank == 1
     assert "ValueError: deliberate failure on rank 1" in str(info.value)
     assert "in fail_on" in str(info.value)
-    assert _alive(_pids(tmp_path), timeout=20) == []
+    assert alive_pids(_pids(tmp_path), timeout=20) == []

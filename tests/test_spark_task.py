@@ -26,6 +26,8 @@ from spark_hvd.spark import _task  # noqa: E402
 from spark_hvd.spark._channel import STDERR, STDOUT, DriverChannel, TaskChannel  # noqa: E402
 from spark_hvd.spark._controller import assemble_results, pick_failure  # noqa: E402
 
+from conftest import alive_pids
+
 pytest.importorskip("pyarrow")
 cloudpickle.register_pickle_by_value(fns)
 pytestmark = pytest.mark.timeout(120)
@@ -143,20 +145,6 @@ def job():
         j.close()
 
 
-def _alive(pids, timeout=10.0):
-    import psutil
-    deadline = time.monotonic() + timeout
-    while True:
-        alive = []
-        for pid in pids:
-            try:
-                if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
-                    alive.append(pid)
-            except psutil.NoSuchProcess:
-                pass
-        if not alive or time.monotonic() > deadline:
-            return alive
-        time.sleep(0.05)
 
 
 def test_results_in_rank_order_with_output_and_env(job):
@@ -216,7 +204,7 @@ def test_exception_fails_fast_with_traceback_and_no_leftovers(job, tmp_path):
     assert any(line.startswith("[1]<stderr>: ValueError: deliberate") for line in j.err.lines)
     pids = [int(p) for f in tmp_path.glob("rank*.pids") for p in f.read_text().split()]
     assert len(pids) == 4
-    assert _alive(pids) == []
+    assert alive_pids(pids, timeout=10.0) == []
 
 
 def test_killed_rank_fails_within_seconds(job, tmp_path):
@@ -227,7 +215,7 @@ def test_killed_rank_fails_within_seconds(job, tmp_path):
     assert report["rank"] == 0 and report["kind"] == "crash"
     assert "SIGKILL" in report["summary"]
     pids = [int(p) for f in tmp_path.glob("rank*.pids") for p in f.read_text().split()]
-    assert _alive(pids) == []
+    assert alive_pids(pids, timeout=10.0) == []
 
 
 def test_init_on_some_ranks_only_is_an_error(job):
