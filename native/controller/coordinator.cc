@@ -69,11 +69,15 @@ void Coordinator::add_batch(const RequestBatch& batch) {
   }
 }
 
+const Request* Coordinator::first_request(const Pending& p) const {
+  for (int r = 0; r < world_size_; ++r)
+    if (p.present[r]) return &p.by_rank[r];
+  return nullptr;
+}
+
 bool Coordinator::needs_rank(const Pending& p, int rank) const {
   if (p.present[rank]) return false;
-  const Request* any = nullptr;
-  for (int r = 0; r < world_size_; ++r)
-    if (p.present[r]) { any = &p.by_rank[r]; break; }
+  const Request* any = first_request(p);
   if (!any) return false;
   if (any->op == OpType::kAllreduce && joined_.count(rank)) return false;
   return sets_->index_of(any->process_set, rank) >= 0;
@@ -321,10 +325,7 @@ bool Coordinator::fail_if_in_group(const std::string& name,
                                    std::vector<Response>* out) {
   auto it = pending_.find(name);
   if (it == pending_.end()) return false;
-  const Pending& p = it->second;
-  const Request* any = nullptr;
-  for (int r = 0; r < world_size_; ++r)
-    if (p.present[r]) { any = &p.by_rank[r]; break; }
+  const Request* any = first_request(it->second);
   if (!any || any->group.empty()) return false;
   auto g = failed.find(any->group);
   if (g == failed.end()) return false;
@@ -357,12 +358,8 @@ std::vector<Response> Coordinator::take_ready(Clock::time_point now) {
   std::unordered_map<std::string, int> group_ready;
   for (const auto& name : ready_) {
     if (name == "__join__") continue;
-    const Pending& p = pending_[name];
-    for (int r = 0; r < world_size_; ++r)
-      if (p.present[r]) {
-        if (!p.by_rank[r].group.empty()) group_ready[p.by_rank[r].group]++;
-        break;
-      }
+    const Request* first = first_request(pending_[name]);
+    if (first && !first->group.empty()) group_ready[first->group]++;
   }
   for (const auto& name : ready_) {
     if (name == "__join__") {

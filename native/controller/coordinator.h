@@ -68,6 +68,8 @@ class Coordinator {
                         const std::unordered_map<std::string, std::string>& failed,
                         std::vector<Response>* out);
   bool needs_rank(const Pending& p, int rank) const;
+  // The request of the lowest rank that submitted this tensor (nullptr if none did).
+  const Request* first_request(const Pending& p) const;
   std::vector<int> missing_ranks(const Pending& p) const;
   std::vector<Response> fuse(std::vector<Response> responses) const;
   size_t response_bytes(const Response& r) const;
