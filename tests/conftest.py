@@ -184,3 +184,51 @@ def alive_pids(pids, timeout: float = 10.0) -> list[int]:
 def job():
     """The :func:`run_job` helper as a fixture."""
     return run_job
+
+
+# One local Spark JVM for the whole test session (starting one costs ~10 s): a classic local[2]
+# session that also serves Spark Connect on 127.0.0.1, and a Connect client of it.
+import socket  # noqa: E402
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def spark(tmp_path_factory):
+    """A classic local[2] session with the Spark Connect server plugin."""
+    from pyspark.sql import SparkSession
+    saved = {k: os.environ.get(k) for k in ("PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON")}
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    port = _free_port()
+    session = (SparkSession.builder.master("local[2]").appName("spark_hvd-tests")
+               .config("spark.driver.host", "127.0.0.1")
+               .config("spark.driver.bindAddress", "127.0.0.1")
+               .config("spark.ui.enabled", "false")
+               .config("spark.local.dir", str(tmp_path_factory.mktemp("spark-local")))
+               .config("spark.plugins", "org.apache.spark.sql.connect.SparkConnectPlugin")
+               .config("spark.connect.grpc.binding.address", "127.0.0.1")
+               .config("spark.connect.grpc.binding.port", str(port))
+               .getOrCreate())
+    session.sparkContext.setLogLevel("FATAL")
+    session.connect_port = port
+    yield session
+    session.stop()
+    for k, v in saved.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+
+
+@pytest.fixture(scope="session")
+def connect(spark):
+    """A Spark Connect client of the session's server."""
+    from pyspark.sql.connect.session import SparkSession as ConnectSession
+    session = ConnectSession.builder.remote(f"sc://127.0.0.1:{spark.connect_port}").getOrCreate()
+    yield session
+    session.stop()

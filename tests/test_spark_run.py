@@ -9,7 +9,7 @@ from __future__ import annotations
 import io
 import os
 import re
-import socket
+
 import sys
 import time
 from pathlib import Path
@@ -31,49 +31,6 @@ from conftest import alive_pids
 
 cloudpickle.register_pickle_by_value(fns)
 pytestmark = pytest.mark.timeout(240)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture(scope="module")
-def spark(tmp_path_factory):
-    """A classic local[2] session with the Spark Connect server plugin."""
-    from pyspark.sql import SparkSession
-    saved = {k: os.environ.get(k) for k in ("PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON")}
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
-    port = _free_port()
-    session = (SparkSession.builder.master("local[2]").appName("spark_hvd-tests")
-               .config("spark.driver.host", "127.0.0.1")
-               .config("spark.driver.bindAddress", "127.0.0.1")
-               .config("spark.ui.enabled", "false")
-               .config("spark.local.dir", str(tmp_path_factory.mktemp("spark-local")))
-               .config("spark.plugins", "org.apache.spark.sql.connect.SparkConnectPlugin")
-               .config("spark.connect.grpc.binding.address", "127.0.0.1")
-               .config("spark.connect.grpc.binding.port", str(port))
-               .getOrCreate())
-    session.sparkContext.setLogLevel("FATAL")
-    session.connect_port = port
-    yield session
-    session.stop()
-    for k, v in saved.items():
-        if v is None:
-            os.environ.pop(k, None)
-        else:
-            os.environ[k] = v
-
-
-@pytest.fixture(scope="module")
-def connect(spark):
-    """A Spark Connect session to the module's server."""
-    from pyspark.sql.connect.session import SparkSession as ConnectSession
-    session = ConnectSession.builder.remote(f"sc://127.0.0.1:{spark.connect_port}").getOrCreate()
-    yield session
-    session.stop()
 
 
 def _pids(pid_dir: Path) -> list[int]:
