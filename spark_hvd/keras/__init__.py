@@ -1,0 +1,114 @@
+"""Horovod's Keras API on Keras 3 (TensorFlow backend): change
+``import horovod.tensorflow.keras as hvd`` (or ``horovod.keras``) to
+``import spark_hvd.keras as hvd`` (or ``spark_hvd.tensorflow.keras``) and nothing else.
+
+    import keras
+    import spark_hvd.keras as hvd
+
+    hvd.init()
+    model = make_model()
+    opt = hvd.DistributedOptimizer(keras.optimizers.SGD(0.01 * hvd.size()))
+    model.compile(optimizer=opt, loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+    callbacks = [hvd.callbacks.BroadcastGlobalVariablesCallback(0),
+                 hvd.callbacks.MetricAverageCallback()]
+    if hvd.rank() == 0:
+        callbacks.append(keras.callbacks.ModelCheckpoint("checkpoint-{epoch}.keras"))
+    model.fit(x, y, epochs=5, callbacks=callbacks, verbose=1 if hvd.rank() == 0 else 0)
+
+Run it with ``spark-hvd-run -np 4 python train.py``. The collectives run as Python kernels
+(``tf.numpy_function``), which XLA cannot compile: on a GPU machine, where Keras 3's
+``jit_compile="auto"`` turns XLA on, pass ``jit_compile=False`` to ``model.compile``.
+
+Modules: ``optimizer``
+(DistributedOptimizer), ``callbacks``; the collectives and helpers are spark_hvd.tensorflow's.
+"""
+
+import keras
+import tensorflow as tf
+
+from ..common.basics import (ccl_built, cross_rank, cross_size, cuda_built, ddl_built,
+                             gloo_built, gloo_enabled, init, is_homogeneous, is_initialized,
+                             local_rank, local_size, mpi_built, mpi_enabled,
+                             mpi_threads_supported, nccl_built, rank, rocm_built, shutdown, size,
+                             start_timeline, stop_timeline)
+from ..common._ops import Adasum, Average, Max, Min, Product, Sum
+from ..common.exceptions import HorovodInternalError, HostsUpdatedInterrupt
+from ..common.process_sets import (ProcessSet, add_process_set, global_process_set,
+                                   remove_process_set)
+from ..tensorflow import differentiable as _tf_ops
+from ..tensorflow.collectives import CollectiveError, barrier, join
+from ..tensorflow.compression import Compression
+from ..tensorflow.functions import allgather_object, broadcast_object, broadcast_variables
+from ..tensorflow.optimizer import broadcast_global_variables as _tf_broadcast_global_variables
+from ..tensorflow.sync_batch_norm import SyncBatchNormalization
+from . import callbacks
+from .optimizer import DistributedOptimizer, _DistributedOptimizer
+
+
+def broadcast_global_variables(root_rank):
+    """Broadcasts every global variable of the ``tf.compat.v1`` graph from ``root_rank``.
+
+    Keras 3 has no global variables and runs eagerly: as in Horovod under TF2 this raises;
+    use ``callbacks.BroadcastGlobalVariablesCallback(root_rank)`` in ``fit`` or
+    ``hvd.broadcast_variables(model.variables, root_rank)``.
+    """
+    return _tf_broadcast_global_variables(root_rank)
+
+
+def allreduce(value, name=None, average=None, prescale_factor=1.0, postscale_factor=1.0,
+              op=None, compression=Compression.none):
+    """Reduces a value (NumPy array, number or tensor) over the ranks; returns a tensor.
+    ``op``: Average (default), Sum, Min, Max or Product."""
+    return _tf_ops.allreduce(tf.convert_to_tensor(value), average=average, name=name, op=op,
+                             prescale_factor=prescale_factor,
+                             postscale_factor=postscale_factor, compression=compression)
+
+
+def allgather(value, name=None):
+    """Concatenates every rank's value along the first dimension; returns a tensor."""
+    return _tf_ops.allgather(tf.convert_to_tensor(value), name=name)
+
+
+def broadcast(value, root_rank, name=None):
+    """``root_rank``'s value on every rank, as a tensor."""
+    return _tf_ops.broadcast(tf.convert_to_tensor(value), root_rank, name=name)
+
+
+def reducescatter(value, name=None, op=Average):
+    """Reduces a value over the ranks (Average or Sum) and returns this rank's block of the
+    first dimension, as a tensor."""
+    return _tf_ops.reducescatter(tf.convert_to_tensor(value), name=name, op=op)
+
+
+def load_model(filepath, custom_optimizers=None, custom_objects=None,
+               compression=Compression.none):
+    """Loads a model saved by ``model.save`` and wraps its optimizer in
+    :func:`DistributedOptimizer` (keeping the optimizer state that was saved).
+
+    Args:
+        filepath: the ``.keras`` (or legacy ``.h5``) file.
+        custom_optimizers: optimizer classes the file refers to that Keras does not know.
+        custom_objects: other custom classes or functions, as for
+            ``keras.models.load_model``.
+        compression: compression for the wrapped optimizer's allreduces.
+    """
+    objects = {cls.__name__: cls for cls in (custom_optimizers or [])}
+    objects.update(custom_objects or {})
+    model = keras.models.load_model(filepath, custom_objects=objects or None)
+    optimizer = getattr(model, "optimizer", None)
+    if optimizer is not None and not isinstance(optimizer, _DistributedOptimizer):
+        DistributedOptimizer(optimizer, compression=compression)
+    return model
+
+
+__all__ = [
+    "Adasum", "Average", "CollectiveError", "Compression", "DistributedOptimizer",
+    "HorovodInternalError", "HostsUpdatedInterrupt", "Max", "Min", "ProcessSet", "Product",
+    "Sum", "SyncBatchNormalization", "add_process_set", "allgather", "allgather_object",
+    "allreduce", "barrier", "broadcast", "broadcast_global_variables", "broadcast_object",
+    "broadcast_variables", "callbacks", "ccl_built", "cross_rank", "cross_size", "cuda_built",
+    "ddl_built", "gloo_built", "gloo_enabled", "global_process_set", "init", "is_homogeneous",
+    "is_initialized", "join", "load_model", "local_rank", "local_size", "mpi_built",
+    "mpi_enabled", "mpi_threads_supported", "nccl_built", "rank", "reducescatter",
+    "remove_process_set", "rocm_built", "shutdown", "size", "start_timeline", "stop_timeline",
+]

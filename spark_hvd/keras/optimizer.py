@@ -1,0 +1,167 @@
+"""``DistributedOptimizer`` for Keras 3: gradients are averaged across ranks in ``apply``.
+
+Keras 3 funnels every update through ``Optimizer.apply(grads, variables)`` (``model.fit``'s
+train step calls ``apply_gradients``, which calls ``apply``), so that is the hook: the
+gradients of one step go to the core together as one grouped allreduce, then the wrapped
+optimizer applies them. It works eagerly and in the ``tf.function`` that ``model.fit`` traces.
+
+``backward_passes_per_step=N`` accumulates gradients locally in (untracked) variables; every
+N-th call allreduces the sum (divided by N with ``average_aggregated_gradients``) and applies
+it. The calls in between only advance ``optimizer.iterations`` (Horovod's semantics, so
+learning-rate schedules see every step).
+
+The optimizer is wrapped in place: its class becomes a subclass of its class with the same
+name and module, so ``isinstance`` checks, ``get_config`` and saved models are those of the
+plain optimizer (a saved model loads without spark_hvd; :func:`spark_hvd.keras.load_model`
+wraps it again), and state it already has (after ``load_model``) is kept.
+"""
+
+import keras
+import tensorflow as tf
+
+from ..common.process_sets import global_process_set
+from ..tensorflow.collectives import Average
+from ..tensorflow.compression import Compression
+from ..tensorflow.gradient_tape import GradientAllreducer, check_args
+
+_SPARSE_ACCUMULATION = ("IndexedSlices are not supported when `backward_passes_per_step` > 1 "
+                        "and `sparse_as_dense` is False.")
+
+
+class _State:
+    """spark_hvd's per-optimizer settings (a plain object: Keras does not track it)."""
+
+    def __init__(self, allreducer, passes, average_aggregated, sparse_as_dense):
+        self.allreducer = allreducer
+        self.passes = passes
+        self.average_aggregated = average_aggregated
+        self.sparse_as_dense = sparse_as_dense
+        self.accumulators = None
+        self.counter = None
+
+    def build_accumulators(self, variables):
+        if self.passes == 1 or self.accumulators is not None:
+            return
+        with tf.init_scope():  # created once, outside any function being traced
+            self.accumulators = [tf.Variable(tf.zeros(v.shape, v.dtype), trainable=False)
+                                 for v in variables]
+            self.counter = tf.Variable(0, dtype=tf.int64, trainable=False)
+
+
+class _DistributedOptimizer:
+    """Methods mixed into the wrapped optimizer's class (see :func:`DistributedOptimizer`)."""
+
+    def build(self, variables):
+        """Builds the wrapped optimizer (and the gradient accumulators, if any)."""
+        super().build(variables)
+        self._hvd.build_accumulators(self._trainable_variables)
+
+    @tf.autograph.experimental.do_not_convert
+    def apply(self, grads, trainable_variables=None):
+        """Averages ``grads`` across ranks, then applies them with the wrapped optimizer."""
+        grads = list(grads)
+        if trainable_variables is not None:
+            trainable_variables = list(trainable_variables)
+        state = self._hvd
+        if state.passes == 1:
+            variables = trainable_variables if trainable_variables is not None else \
+                getattr(self, "_trainable_variables", None)
+            return super().apply(state.allreducer(grads, variables), trainable_variables)
+        return self._hvd_accumulate(grads, trainable_variables)
+
+    def _hvd_accumulate(self, grads, trainable_variables):
+        if not self.built:
+            if trainable_variables is None:
+                raise ValueError("the optimizer must be built (or given the variables) before "
+                                 "its first apply()")
+            self.build(trainable_variables)
+            self.built = True
+        state = self._hvd
+        state.build_accumulators(self._trainable_variables)
+        variables = trainable_variables if trainable_variables is not None else \
+            self._trainable_variables
+        accumulators = [state.accumulators[self._get_variable_index(v)] for v in variables]
+        for g, acc in zip(grads, accumulators):
+            if g is None:
+                continue
+            if isinstance(g, tf.IndexedSlices):
+                if not state.sparse_as_dense:
+                    raise ValueError(_SPARSE_ACCUMULATION)
+                g = tf.convert_to_tensor(g)
+            acc.assign_add(tf.cast(g, acc.dtype))
+        state.counter.assign_add(1)
+        present = [g is not None for g in grads]
+
+        def communicate_and_apply():
+            summed = [acc.read_value() if p else None for acc, p in zip(accumulators, present)]
+            reduced = state.allreducer(summed, variables)
+            if state.average_aggregated:
+                reduced = [None if r is None else r / state.passes for r in reduced]
+            super(_DistributedOptimizer, self).apply(reduced, trainable_variables)
+            for acc in accumulators:
+                acc.assign(tf.zeros_like(acc))
+            state.counter.assign(0)
+
+        def only_count():
+            self._iterations.assign_add(1)
+
+        tf.cond(state.counter >= state.passes, communicate_and_apply, only_count)
+
+
+_classes = {}
+
+
+def _distributed_class(base):
+    cls = _classes.get(base)
+    if cls is None:
+        cls = type(base.__name__, (_DistributedOptimizer, base),
+                   {"__module__": base.__module__, "__doc__": base.__doc__})
+        _classes[base] = cls
+    return cls
+
+
+def DistributedOptimizer(optimizer, name=None, device_dense='', device_sparse='',
+                         compression=Compression.none, sparse_as_dense=False,
+                         gradient_predivide_factor=1.0, op=Average, backward_passes_per_step=1,
+                         average_aggregated_gradients=False, num_groups=0, groups=None,
+                         process_set=global_process_set, scale_local_gradients=True):
+    """Makes a Keras 3 optimizer average gradients across ranks before applying them.
+
+    Args:
+        optimizer: any ``keras.optimizers.Optimizer`` (built-in or custom); wrapped in place
+            and returned.
+        name: accepted for Horovod compatibility (the optimizer keeps its name, so its
+            variables keep their checkpoint paths).
+        compression: ``Compression.none`` or ``Compression.fp16`` (gradients sent as fp16).
+        sparse_as_dense: densify ``tf.IndexedSlices`` gradients (embeddings) before reducing.
+        gradient_predivide_factor: with op=Average, divide by this factor before the sum and
+            by ``size / factor`` after.
+        op: ``Average`` (default) or ``Sum``; ``Adasum`` raises NotImplementedError.
+        backward_passes_per_step: accumulate gradients locally over this many ``apply`` calls
+            and communicate once.
+        average_aggregated_gradients: divide the accumulated gradients by
+            ``backward_passes_per_step``.
+        num_groups / groups: split the gradients into that many grouped allreduces, or lists
+            of variables reduced together.
+        process_set: the ranks that average their gradients.
+
+    ``device_dense``, ``device_sparse`` and ``scale_local_gradients`` are accepted for
+    Horovod compatibility. With one rank the gradients are applied unchanged.
+    """
+    if not isinstance(optimizer, keras.optimizers.Optimizer):
+        raise ValueError(f"DistributedOptimizer wraps a keras.optimizers.Optimizer, got "
+                         f"{type(optimizer).__name__}")
+    if isinstance(optimizer, _DistributedOptimizer):
+        raise ValueError("optimizer is already a DistributedOptimizer")
+    groups = check_args(op, gradient_predivide_factor, num_groups, groups)
+    passes = int(backward_passes_per_step)
+    if passes < 1:
+        raise ValueError("backward_passes_per_step must be > 0")
+    allreducer = GradientAllreducer(compression, sparse_as_dense, op, gradient_predivide_factor,
+                                    groups, process_set, name=None)
+    state = _State(allreducer, passes, average_aggregated_gradients, sparse_as_dense)
+    optimizer.__class__ = _distributed_class(type(optimizer))
+    optimizer._hvd = state
+    if passes > 1 and optimizer.built:
+        state.build_accumulators(optimizer._trainable_variables)
+    return optimizer

@@ -1,0 +1,422 @@
+"""The collectives as TensorFlow ops, eager and inside ``tf.function`` (no gradients here; see
+``spark_hvd.tensorflow.differentiable``).
+
+Each op is a *kernel*: a Python function on NumPy views of the input tensors that hands their
+memory to the native core (pointer, dtype code, shape), waits, and returns the results.
+
+- Eagerly, the kernel runs at once. CPU tensors are viewed without a copy; the core writes
+  results into aligned NumPy buffers that become TF tensors through DLPack, also without a
+  copy (TF's own ``Empty`` op costs more than the collective for small tensors).
+- In a graph (``tf.function``, ``tf.compat.v1``) the kernel becomes one ``tf.numpy_function``
+  node (stateful, so ``tf.function``'s automatic control dependencies keep the collectives in
+  program order on every rank) with its static output shapes set.
+
+Names: an unnamed op gets Horovod's per-kind number when it runs eagerly. In a ``tf.function``
+the name is fixed when the function is traced, from the outermost function's name and a
+counter of that trace, so a rank that retraces (e.g. on a smaller last batch) still agrees with
+the others. Grouped ops are negotiated together and fused by the core.
+
+Errors the core reports (ranks disagree about shape, dtype, op, root...) are raised on every
+rank: eagerly as :class:`CollectiveError` (a ``ValueError``, ``RuntimeError`` and
+``tf.errors.InvalidArgumentError`` at once); from a ``tf.function`` TensorFlow turns it into
+``tf.errors.InvalidArgumentError`` carrying the same message.
+"""
+
+import ctypes
+import itertools
+import weakref
+
+import numpy as np
+import tensorflow as tf
+
+from ..common import _ops, basics
+from ..common import _errors
+from ..common._native import (BFLOAT16, BOOL, FLOAT16, FLOAT32, FLOAT64, INT8, INT16, INT32,
+                              INT64, OP_ALLGATHER, OP_ALLREDUCE, OP_ALLTOALL, OP_BARRIER,
+                              OP_BROADCAST, OP_JOIN, OP_REDUCESCATTER, UINT8)
+from ..common._ops import Adasum, Average, Sum
+from ..common._outputs import wait_output_into
+from ..common.gradients import ADASUM_UNSUPPORTED
+from ..common.process_sets import global_process_set, process_set_id
+
+_CODES = {tf.uint8: UINT8, tf.int8: INT8, tf.int16: INT16, tf.int32: INT32, tf.int64: INT64,
+          tf.float16: FLOAT16, tf.bfloat16: BFLOAT16, tf.float32: FLOAT32,
+          tf.float64: FLOAT64, tf.bool: BOOL}
+_NP_CODES = {np.dtype(d.as_numpy_dtype): code for d, code in _CODES.items()}
+
+# The core wants a valid address even for zero bytes.
+_EMPTY = ctypes.create_string_buffer(8)
+_EMPTY_PTR = ctypes.addressof(_EMPTY)
+
+
+class CollectiveError(_errors.CollectiveError, tf.errors.InvalidArgumentError):
+    """A collective was called wrongly or ranks disagree about it (raised on every rank).
+
+    It is a ``ValueError`` and a ``RuntimeError`` (like every spark_hvd adapter's) and also a
+    ``tf.errors.InvalidArgumentError``, which is what the same mistake raises from inside a
+    ``tf.function``: one ``except`` clause covers both modes.
+    """
+
+    def __init__(self, message):
+        tf.errors.InvalidArgumentError.__init__(self, None, None, message)
+
+    def __reduce__(self):
+        return type(self), (self.message,)
+
+
+def _raise_as_collective_error(e):
+    if isinstance(e, ValueError) and not isinstance(e, CollectiveError):
+        raise CollectiveError(str(e)).with_traceback(e.__traceback__) from None
+    raise e
+
+
+# -- checks and naming ----------------------------------------------------------------------
+
+def dtype_code(dtype):
+    """The core's code for a TF dtype; a clear ValueError for unsupported ones."""
+    code = _CODES.get(tf.as_dtype(dtype))
+    if code is None:
+        raise ValueError(f"Tensor type {tf.as_dtype(dtype).name} is not supported; spark_hvd "
+                         "supports " + ", ".join(d.name for d in _CODES))
+    return code
+
+
+def reduce_op(op, average=None, default=Average):
+    """Horovod's ``op=`` / deprecated ``average=`` rules; Adasum is not supported yet."""
+    op = _ops.resolve_reduce_op(op, average, default)
+    if op == Adasum:
+        raise NotImplementedError(ADASUM_UNSUPPORTED)
+    return op
+
+
+def scatter_op(op):
+    op = reduce_op(op)
+    if op not in (Average, Sum):
+        raise ValueError("reducescatter supports op=Average and op=Sum only")
+    return op
+
+
+_graph_counters = weakref.WeakKeyDictionary()
+
+
+def _outermost_function_graph():
+    graph = tf.compat.v1.get_default_graph()
+    if not getattr(graph, "building_function", False):
+        return None
+    while getattr(getattr(graph, "outer_graph", None), "building_function", False):
+        graph = graph.outer_graph
+    return graph
+
+
+def op_name(kind, name, set_id):
+    """The name every rank gives this op (see the module docstring)."""
+    if name is not None:
+        return str(name)
+    if not tf.executing_eagerly():
+        graph = _outermost_function_graph()
+        if graph is not None:
+            n = next(_graph_counters.setdefault(graph, itertools.count()))
+            scope = f"set{set_id}.{graph.name}" if set_id else graph.name
+            return f"{kind}.{scope}.{n}"
+    # Eager, or a tf.compat.v1 graph: its construction order is the same on every rank.
+    return _ops.auto_name(kind, None, set_id)
+
+
+def member_index(process_set):
+    """This rank's index within ``process_set``."""
+    if process_set is None or process_set is global_process_set:
+        return basics.rank()
+    return process_set.rank()
+
+
+def member_count(process_set):
+    """Number of ranks in ``process_set``."""
+    if process_set is None or process_set is global_process_set:
+        return basics.size()
+    return process_set.size()
+
+
+# -- buffers --------------------------------------------------------------------------------
+
+def _ptr(array):
+    return array.ctypes.data if array.size else _EMPTY_PTR
+
+
+def _contiguous(array):
+    return array if array.flags.c_contiguous else np.ascontiguousarray(array)
+
+
+def _alloc(shape, dtype):
+    """A 64-byte aligned NumPy array (TF's alignment, so TF can adopt the memory as is);
+    returned twice: the result object and the buffer the core writes."""
+    dtype = np.dtype(dtype)
+    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    raw = np.empty(nbytes + 64, np.uint8)
+    offset = (-raw.ctypes.data) % 64
+    a = raw[offset:offset + nbytes].view(dtype).reshape(shape)
+    return a, a
+
+
+_BF16 = np.dtype(tf.bfloat16.as_numpy_dtype)
+
+
+def _adopt(array):
+    """An EagerTensor on ``array``'s memory, without a copy (DLPack keeps the array alive)."""
+    if array.dtype == _BF16:  # DLPack has no bfloat16: adopt the bits, reinterpret them
+        return tf.bitcast(tf.experimental.dlpack.from_dlpack(array.view(np.uint16).__dlpack__()),
+                          tf.bfloat16)
+    return tf.experimental.dlpack.from_dlpack(array.__dlpack__())
+
+
+def _enqueue(records):
+    try:
+        return _ops.enqueue(records)
+    except ValueError as e:
+        _raise_as_collective_error(e)
+
+
+def _wait_all(ids):
+    try:
+        _ops.wait_all(ids)
+    except ValueError as e:
+        _raise_as_collective_error(e)
+
+
+def _collect_outputs(ids, arrays, alloc, want_ints=0):
+    """Copies every core-allocated result into memory from ``alloc``; collects (and releases)
+    every handle even when one failed, then raises the first error."""
+    outs, ints, error = [], [], None
+    for hid, a in zip(ids, arrays):
+        def allocate(shape, nbytes, dtype=a.dtype):
+            obj, view = alloc(shape, dtype)
+            return obj, _ptr(view)
+        try:
+            obj, received = wait_output_into(hid, allocate, want_ints=want_ints)
+            outs.append(obj)
+            ints.append(received)
+        except Exception as e:  # noqa: BLE001 - re-raised below
+            error = error or e
+    if error is not None:
+        _raise_as_collective_error(error)
+    return outs, ints
+
+
+# -- kernels: lists of NumPy arrays in, results out -----------------------------------------
+
+def _allreduce_kernel(names, group, op, prescale, postscale, set_id):
+    def run(arrays, alloc):
+        arrays = [_contiguous(a) for a in arrays]
+        outs = [alloc(a.shape, a.dtype) for a in arrays]
+        records = [_ops.make_op(OP_ALLREDUCE, n, _NP_CODES[a.dtype], a.shape, _ptr(a),
+                                _ptr(view), reduce_op=op, prescale=prescale,
+                                postscale=postscale, process_set=set_id, group=group,
+                                group_size=len(arrays) if group else 0)
+                   for n, a, (_, view) in zip(names, arrays, outs)]
+        _wait_all(_enqueue(records))
+        return [obj for obj, _ in outs]
+    return run
+
+
+def _gather_kernel(kind, names, group, set_id, op=Sum, prescale=1.0, postscale=1.0):
+    def run(arrays, alloc):
+        arrays = [_contiguous(a) for a in arrays]
+        arrays = [a.reshape(1) if a.ndim == 0 and kind == OP_ALLGATHER else a for a in arrays]
+        records = [_ops.make_op(kind, n, _NP_CODES[a.dtype], a.shape, _ptr(a), None,
+                                reduce_op=op, prescale=prescale, postscale=postscale,
+                                process_set=set_id, group=group,
+                                group_size=len(arrays) if group else 0)
+                   for n, a in zip(names, arrays)]
+        return _collect_outputs(_enqueue(records), arrays, alloc)[0]
+    return run
+
+
+def _broadcast_kernel(names, root_rank, set_id):
+    def run(arrays, alloc):
+        arrays = [_contiguous(a) for a in arrays]
+        outs = [alloc(a.shape, a.dtype) for a in arrays]
+        records = [_ops.make_op(OP_BROADCAST, n, _NP_CODES[a.dtype], a.shape, _ptr(a),
+                                _ptr(view), root_rank=root_rank, process_set=set_id)
+                   for n, a, (_, view) in zip(names, arrays, outs)]
+        _wait_all(_enqueue(records))
+        return [obj for obj, _ in outs]
+    return run
+
+
+def _alltoall_kernel(name, set_id, want):
+    def run(arrays, alloc):
+        a = _contiguous(arrays[0])
+        splits = () if len(arrays) == 1 else tuple(int(s) for s in np.reshape(arrays[1], -1))
+        record = _ops.make_op(OP_ALLTOALL, name, _NP_CODES[a.dtype], a.shape, _ptr(a), None,
+                              process_set=set_id, splits=splits)
+        outs, ints = _collect_outputs(_enqueue([record]), [a], alloc, want_ints=want)
+        received, view = alloc((len(ints[0]),), np.int32)
+        view[...] = ints[0]
+        return [outs[0], received]
+    return run
+
+
+# -- running a kernel eagerly or as a graph node --------------------------------------------
+
+def _eager_array(t):
+    a = t._numpy() if hasattr(t, "_numpy") else t  # a view of a CPU tensor's memory
+    return a if isinstance(a, np.ndarray) else np.asarray(a)
+
+
+def run_kernel(kernel, tensors, out_dtypes, out_shapes):
+    """Runs ``kernel`` on ``tensors`` now (eager) or adds it to the graph; returns a list."""
+    if tf.executing_eagerly():
+        outs = kernel([_eager_array(t) for t in tensors], _alloc)
+        return [_adopt(o) for o in outs]
+
+    def graph_kernel(*arrays):
+        return kernel([np.asarray(a) for a in arrays], _alloc)  # scalars arrive unboxed
+    outs = tf.numpy_function(graph_kernel, list(tensors), list(out_dtypes), stateful=True)
+    outs = list(outs) if isinstance(outs, (list, tuple)) else [outs]
+    for o, shape in zip(outs, out_shapes):
+        o.set_shape(shape)
+    return outs
+
+
+def _tensors(values):
+    out = []
+    for v in values:
+        t = tf.convert_to_tensor(v)
+        dtype_code(t.dtype)
+        out.append(t)
+    return out
+
+
+# -- the ops (lists in, lists out; not differentiable) --------------------------------------
+
+def allreduce_list(tensors, name, op, prescale_factor, postscale_factor, process_set, grouped):
+    """Allreduce of each tensor; ``grouped`` negotiates them together."""
+    tensors = _tensors(tensors)
+    if not tensors:
+        return []
+    set_id = process_set_id(process_set)
+    if grouped:
+        group = op_name("grouped_allreduce", name, set_id)
+        names = [f"{group}.{i}" for i in range(len(tensors))]
+    else:
+        group, names = None, [op_name("allreduce", name, set_id)]
+    kernel = _allreduce_kernel(names, group, op, float(prescale_factor), float(postscale_factor),
+                               set_id)
+    return run_kernel(kernel, tensors, [t.dtype for t in tensors], [t.shape for t in tensors])
+
+
+def _gathered_shape(shape):
+    if shape.rank is None:
+        return tf.TensorShape(None)
+    if shape.rank == 0:
+        return tf.TensorShape([None])
+    return tf.TensorShape([None]).concatenate(shape[1:])
+
+
+def allgather_list(tensors, name, process_set, grouped):
+    """Allgather of each tensor along the first dimension."""
+    tensors = _tensors(tensors)
+    if not tensors:
+        return []
+    set_id = process_set_id(process_set)
+    if grouped:
+        group = op_name("grouped_allgather", name, set_id)
+        names = [f"{group}.{i}" for i in range(len(tensors))]
+    else:
+        group, names = None, [op_name("allgather", name, set_id)]
+    kernel = _gather_kernel(OP_ALLGATHER, names, group, set_id)
+    return run_kernel(kernel, tensors, [t.dtype for t in tensors],
+                      [_gathered_shape(t.shape) for t in tensors])
+
+
+def broadcast_list(tensors, root_rank, name, process_set):
+    """Broadcast of each tensor from ``root_rank`` (submitted together, one graph node)."""
+    tensors = _tensors(tensors)
+    if not tensors:
+        return []
+    set_id = process_set_id(process_set)
+    base = op_name("broadcast", name, set_id)
+    names = [base] if len(tensors) == 1 else [f"{base}.{i}" for i in range(len(tensors))]
+    kernel = _broadcast_kernel(names, int(root_rank), set_id)
+    return run_kernel(kernel, tensors, [t.dtype for t in tensors], [t.shape for t in tensors])
+
+
+def alltoall_pair(tensor, splits, name, process_set):
+    """``(received, received_splits)``; ``splits`` may be None, a list or a tensor."""
+    tensor = _tensors([tensor])[0]
+    set_id = process_set_id(process_set)
+    inputs = [tensor]
+    if splits is not None:
+        inputs.append(tf.cast(tf.reshape(tf.convert_to_tensor(splits), [-1]), tf.int64))
+    n = member_count(process_set)
+    kernel = _alltoall_kernel(op_name("alltoall", name, set_id), set_id, max(n, 1))
+    return run_kernel(kernel, inputs, [tensor.dtype, tf.int32],
+                      [_gathered_shape(tensor.shape), tf.TensorShape([n])])
+
+
+def _scattered_shape(shape, process_set):
+    if shape.rank is None or shape.rank == 0:
+        return tf.TensorShape(None)
+    rows = shape[0]
+    if rows is not None:
+        n, me = member_count(process_set), member_index(process_set)
+        rows = rows // n + (1 if me < rows % n else 0)
+    return tf.TensorShape([rows]).concatenate(shape[1:])
+
+
+def reducescatter_list(tensors, name, op, process_set, prescale_factor, postscale_factor,
+                       grouped):
+    """Reducescatter of each tensor (this rank's block of the first dimension)."""
+    tensors = _tensors(tensors)
+    if not tensors:
+        return []
+    set_id = process_set_id(process_set)
+    if grouped:
+        group = op_name("grouped_reducescatter", name, set_id)
+        names = [f"{group}.{i}" for i in range(len(tensors))]
+    else:
+        group, names = None, [op_name("reducescatter", name, set_id)]
+    kernel = _gather_kernel(OP_REDUCESCATTER, names, group, set_id, op=op,
+                            prescale=float(prescale_factor), postscale=float(postscale_factor))
+    return run_kernel(kernel, tensors, [t.dtype for t in tensors],
+                      [_scattered_shape(t.shape, process_set) for t in tensors])
+
+
+# -- join and barrier -----------------------------------------------------------------------
+
+def _join_kernel(arrays, alloc):
+    h = _ops.enqueue_one(OP_JOIN, "__join__", UINT8, (), None, None)
+    try:
+        last = int(_ops.wait_ints(h)[0])
+    except ValueError as e:
+        _raise_as_collective_error(e)
+    obj, view = alloc((), np.int32)
+    view[...] = last
+    return [obj]
+
+
+@tf.autograph.experimental.do_not_convert
+def join():
+    """Declares that this rank has run out of data. Until every rank has joined it keeps
+    taking part in the other ranks' allreduces (contributing zeros). Returns the rank that
+    joined last (an int32 scalar tensor)."""
+    return run_kernel(_join_kernel, [], [tf.int32], [tf.TensorShape([])])[0]
+
+
+@tf.autograph.experimental.do_not_convert
+def barrier(process_set=global_process_set):
+    """Returns once every rank of ``process_set`` has called barrier (in a ``tf.compat.v1``
+    graph: returns the op to run)."""
+    set_id = process_set_id(process_set)
+    name = op_name("barrier", None, set_id)
+
+    def kernel(arrays, alloc):
+        try:
+            _ops.wait(_ops.enqueue_one(OP_BARRIER, name, UINT8, (), None, None,
+                                       process_set=set_id))
+        except ValueError as e:
+            _raise_as_collective_error(e)
+        obj, view = alloc((), np.bool_)
+        view[...] = True
+        return [obj]
+    out = run_kernel(kernel, [], [tf.bool], [tf.TensorShape([])])[0]
+    return None if tf.executing_eagerly() or tf.inside_function() else out.op

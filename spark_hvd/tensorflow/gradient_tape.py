@@ -1,0 +1,150 @@
+"""Averaging gradients across ranks: the step shared by ``DistributedGradientTape``, the
+``tf.compat.v1`` ``DistributedOptimizer`` and ``spark_hvd.keras.DistributedOptimizer``.
+
+    with tf.GradientTape() as tape:
+        loss = loss_fn(model(x), y)
+    tape = hvd.DistributedGradientTape(tape)
+    grads = tape.gradient(loss, model.trainable_variables)   # averaged over the ranks
+
+The dense gradients of one step go to the core as one grouped allreduce (one graph node, one
+negotiation, fused into as few collectives as the fusion buffer allows) rather than one
+blocking call per variable. ``tf.IndexedSlices`` (embedding gradients) are allgathered as
+values and indices unless ``sparse_as_dense``. With one rank in the process set gradients are
+returned unchanged (as in Horovod).
+"""
+
+import tensorflow as tf
+
+from ..common.gradients import check_optimizer_args, form_groups, scale_factors
+from ..common.process_sets import global_process_set
+from .collectives import Adasum, Average, allreduce_list, member_count, reduce_op
+from .compression import Compression
+from .differentiable import _sparse_allreduce
+
+
+def _is_variable_or_tensor(x):
+    return isinstance(x, (tf.Variable, tf.Tensor)) or hasattr(x, "assign")
+
+
+def check_args(op, gradient_predivide_factor, num_groups, groups):
+    """Horovod's argument rules; returns ``groups``. Adasum is not supported yet."""
+    groups = check_optimizer_args(op, gradient_predivide_factor, num_groups, groups,
+                                  is_tensor=_is_variable_or_tensor)
+    if op == Adasum:
+        reduce_op(op)  # raises NotImplementedError with the explanation
+    return groups
+
+
+class GradientAllreducer:
+    """Averages (or sums) a list of gradients across the ranks of a process set."""
+
+    def __init__(self, compression=Compression.none, sparse_as_dense=False, op=Average,
+                 gradient_predivide_factor=1.0, groups=None, process_set=global_process_set,
+                 name=None):
+        self.compression = compression
+        self.sparse_as_dense = sparse_as_dense
+        self.op = op
+        self.prescale, self.postscale = scale_factors(op, gradient_predivide_factor)
+        self.groups = groups
+        self.process_set = process_set if process_set is not None else global_process_set
+        self.name = name
+
+    def active(self):
+        """False when there is nothing to average with (one rank, or not a member)."""
+        ps = self.process_set
+        if ps is not global_process_set and not ps.included():
+            return False
+        return member_count(ps) > 1
+
+    def _dense_groups(self, positions, variables):
+        """Lists of positions (into the gradient list) reduced together."""
+        if self.groups is None or variables is None:
+            return [positions]
+        members = [variables[i] for i in positions]
+        index = {id(v): i for i, v in zip(positions, members)}
+        return [[index[id(v)] for v in group]
+                for group in form_groups(members, self.groups, None)]
+
+    @tf.autograph.experimental.do_not_convert
+    def __call__(self, grads, variables=None):
+        """``grads`` reduced across ranks (None entries stay None)."""
+        grads = list(grads)
+        if not self.active():
+            return grads
+        out = list(grads)
+        dense = []
+        for i, g in enumerate(grads):
+            if g is None:
+                continue
+            if isinstance(g, tf.IndexedSlices):
+                if not self.sparse_as_dense:
+                    out[i] = _sparse_allreduce(g, None, self.op, self.prescale, self.postscale,
+                                               self.process_set)
+                    continue
+                g = tf.convert_to_tensor(g)
+                grads[i] = g
+            dense.append(i)
+        variables = list(variables) if variables is not None else None
+        for group in self._dense_groups(dense, variables):
+            pairs = [self.compression.compress(tf.convert_to_tensor(grads[i])) for i in group]
+            reduced = allreduce_list([c for c, _ in pairs], self.name, self.op, self.prescale,
+                                     self.postscale, self.process_set, grouped=True)
+            for i, r, (_, ctx) in zip(group, reduced, pairs):
+                out[i] = self.compression.decompress(r, ctx)
+        return out
+
+
+class _DistributedGradientTape:
+    """Methods mixed into the wrapped tape's class (see :func:`DistributedGradientTape`)."""
+
+    @tf.autograph.experimental.do_not_convert
+    def gradient(self, target, sources, output_gradients=None,
+                 unconnected_gradients=tf.UnconnectedGradients.NONE):
+        """The tape's gradients, averaged across the ranks (one grouped allreduce)."""
+        grads = super().gradient(target, sources, output_gradients, unconnected_gradients)
+        flat_grads = tf.nest.flatten(grads)
+        flat_sources = tf.nest.flatten(sources)
+        reduced = self._hvd_allreducer(flat_grads, flat_sources)
+        return tf.nest.pack_sequence_as(grads, reduced)
+
+
+_tape_classes = {}
+
+
+def DistributedGradientTape(gradtape, device_dense='', device_sparse='',
+                            compression=Compression.none, sparse_as_dense=False, op=Average,
+                            gradient_predivide_factor=1.0, num_groups=0, groups=None,
+                            process_set=global_process_set, scale_local_gradients=True):
+    """Wraps a ``tf.GradientTape`` so that ``gradient()`` averages the gradients across ranks.
+
+    Args:
+        gradtape: the tape (entered or already exited: the wrapper shares its recording).
+        compression: ``Compression.none`` or ``Compression.fp16``.
+        sparse_as_dense: densify ``tf.IndexedSlices`` gradients before the allreduce
+            (otherwise their values and indices are allgathered).
+        op: ``Average`` (default) or ``Sum``; ``Adasum`` raises NotImplementedError.
+        gradient_predivide_factor: with op=Average, gradients are divided by this factor
+            before the sum and by ``size / factor`` after.
+        num_groups: deprecated spelling of ``groups=<int>``.
+        groups: an int (split the gradients into that many grouped allreduces) or lists of
+            variables reduced together (the others are reduced one by one).
+        process_set: the ranks that average their gradients.
+
+    ``device_dense``, ``device_sparse`` and ``scale_local_gradients`` are accepted for Horovod
+    compatibility. The result is an instance of a subclass of the tape's class.
+    """
+    groups = check_args(op, gradient_predivide_factor, num_groups, groups)
+    base = type(gradtape)
+    if isinstance(gradtape, _DistributedGradientTape):
+        raise ValueError("gradtape is already a DistributedGradientTape")
+    cls = _tape_classes.get(base)
+    if cls is None:
+        cls = type(base.__name__, (_DistributedGradientTape, base),
+                   {"__module__": __name__, "__doc__": base.__doc__})
+        _tape_classes[base] = cls
+    tape = cls.__new__(cls)
+    tape.__dict__.update(gradtape.__dict__)
+    tape._hvd_allreducer = GradientAllreducer(compression, sparse_as_dense, op,
+                                              gradient_predivide_factor, groups, process_set,
+                                              name=None)
+    return tape

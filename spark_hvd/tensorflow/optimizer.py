@@ -1,0 +1,160 @@
+"""``DistributedOptimizer`` for TensorFlow, and the ``tf.compat.v1`` session helpers.
+
+- A Keras 3 optimizer (``tf.keras.optimizers.*``, ``keras.optimizers.*``) is wrapped by
+  ``spark_hvd.keras.DistributedOptimizer`` (averages the gradients in ``apply``), so
+  ``model.fit`` and custom loops with ``optimizer.apply_gradients`` both work.
+- A ``tf.compat.v1.train.Optimizer`` is wrapped the TF1 way: ``compute_gradients`` (and so
+  ``minimize``) returns averaged gradients. With ``BroadcastGlobalVariablesHook`` this keeps the
+  classic recipe working in a ``tf.compat.v1`` graph::
+
+      tf.compat.v1.disable_eager_execution()
+      opt = hvd.DistributedOptimizer(tf.compat.v1.train.AdamOptimizer(0.001 * hvd.size()))
+      train_op = opt.minimize(loss, global_step=tf.compat.v1.train.get_or_create_global_step())
+      hooks = [hvd.BroadcastGlobalVariablesHook(0), tf.compat.v1.train.StopAtStepHook(100)]
+      with tf.compat.v1.train.MonitoredTrainingSession(hooks=hooks) as sess:
+          while not sess.should_stop():
+              sess.run(train_op)
+
+  TF 2.21 still ships ``tf.compat.v1.train`` optimizers, sessions and hooks; only Keras 3
+  layers cannot be used in such graphs (build the model with ``tf.compat.v1`` ops).
+"""
+
+import tensorflow as tf
+
+from ..common.process_sets import global_process_set
+from .collectives import Average
+from .compression import Compression
+from .functions import broadcast_variables
+from .gradient_tape import GradientAllreducer, check_args
+
+_LegacyOptimizer = tf.compat.v1.train.Optimizer
+
+
+class _LegacyDistributedOptimizer(_LegacyOptimizer):
+    """Wraps a ``tf.compat.v1.train.Optimizer``: gradients are averaged in
+    ``compute_gradients``; everything else is the wrapped optimizer's."""
+
+    def __init__(self, optimizer, name, use_locking, allreducer):
+        if name is None:
+            name = f"Distributed{type(optimizer).__name__}"
+        super().__init__(name=name, use_locking=use_locking)
+        self._optimizer = optimizer
+        self._allreducer = allreducer
+
+    def compute_gradients(self, *args, **kwargs):
+        """The wrapped optimizer's ``(gradient, variable)`` pairs with the gradients averaged
+        across ranks (one grouped allreduce)."""
+        gradients = self._optimizer.compute_gradients(*args, **kwargs)
+        if not gradients:
+            return gradients
+        grads, variables = zip(*gradients)
+        return list(zip(self._allreducer(grads, variables), variables))
+
+    def apply_gradients(self, *args, **kwargs):
+        """Calls the wrapped optimizer's ``apply_gradients``."""
+        return self._optimizer.apply_gradients(*args, **kwargs)
+
+    def get_slot(self, *args, **kwargs):
+        """Calls the wrapped optimizer's ``get_slot``."""
+        return self._optimizer.get_slot(*args, **kwargs)
+
+    def get_slot_names(self, *args, **kwargs):
+        """Calls the wrapped optimizer's ``get_slot_names``."""
+        return self._optimizer.get_slot_names(*args, **kwargs)
+
+    def variables(self, *args, **kwargs):
+        """Calls the wrapped optimizer's ``variables``."""
+        return self._optimizer.variables(*args, **kwargs)
+
+
+def _is_keras_optimizer(optimizer):
+    try:
+        import keras
+    except ImportError:  # pragma: no cover - TF 2.16+ depends on Keras
+        return False
+    return isinstance(optimizer, keras.optimizers.Optimizer)
+
+
+def DistributedOptimizer(optimizer, name=None, use_locking=False, device_dense='',
+                         device_sparse='', compression=Compression.none, sparse_as_dense=False,
+                         backward_passes_per_step=1, op=Average, gradient_predivide_factor=1.0,
+                         average_aggregated_gradients=False, num_groups=0, groups=None,
+                         process_set=global_process_set, scale_local_gradients=True):
+    """Wraps an optimizer so that gradients are averaged across ranks before they are applied.
+
+    Args:
+        optimizer: a Keras 3 optimizer (handed to ``spark_hvd.keras.DistributedOptimizer``)
+            or a ``tf.compat.v1.train.Optimizer``.
+        name: name of the wrapper (TF1) / prefix of the allreduces.
+        compression: ``Compression.none`` or ``Compression.fp16``.
+        sparse_as_dense: densify ``tf.IndexedSlices`` gradients before reducing them.
+        backward_passes_per_step: (Keras optimizers) accumulate gradients locally over this
+            many steps, then allreduce and apply once.
+        op: ``Average`` (default) or ``Sum``; ``Adasum`` raises NotImplementedError.
+        gradient_predivide_factor: with op=Average, divide by this factor before the sum and
+            by ``size / factor`` after.
+        average_aggregated_gradients: (Keras optimizers) divide the accumulated gradients by
+            ``backward_passes_per_step``.
+        num_groups / groups: split the gradients into grouped allreduces (see
+            ``DistributedGradientTape``).
+        process_set: the ranks that average their gradients.
+
+    ``use_locking`` is passed to the TF1 wrapper; ``device_dense``, ``device_sparse`` and
+    ``scale_local_gradients`` are accepted for Horovod compatibility.
+    """
+    if _is_keras_optimizer(optimizer):
+        from ..keras.optimizer import DistributedOptimizer as KerasDistributedOptimizer
+        return KerasDistributedOptimizer(
+            optimizer, name=name, compression=compression, sparse_as_dense=sparse_as_dense,
+            gradient_predivide_factor=gradient_predivide_factor, op=op,
+            backward_passes_per_step=backward_passes_per_step,
+            average_aggregated_gradients=average_aggregated_gradients, num_groups=num_groups,
+            groups=groups, process_set=process_set, scale_local_gradients=scale_local_gradients)
+    if not isinstance(optimizer, _LegacyOptimizer):
+        raise ValueError(f"DistributedOptimizer wraps a Keras optimizer or a "
+                         f"tf.compat.v1.train.Optimizer, got {type(optimizer).__name__}")
+    groups = check_args(op, gradient_predivide_factor, num_groups, groups)
+    if backward_passes_per_step != 1:
+        raise NotImplementedError(
+            "backward_passes_per_step > 1 is supported for Keras optimizers only; with a "
+            "tf.compat.v1 optimizer accumulate the gradients yourself or use a Keras optimizer")
+    allreducer = GradientAllreducer(compression, sparse_as_dense, op, gradient_predivide_factor,
+                                    groups, process_set, name=None)
+    return _LegacyDistributedOptimizer(optimizer, name, use_locking, allreducer)
+
+
+def broadcast_global_variables(root_rank):
+    """Returns an op that assigns ``root_rank``'s values to every global variable of the
+    default ``tf.compat.v1`` graph (run it once after initialization).
+
+    TF2 code runs eagerly and has no global variables: use
+    ``hvd.broadcast_variables(model.variables, root_rank)`` (or the Keras
+    ``BroadcastGlobalVariablesCallback``) instead.
+    """
+    if tf.executing_eagerly():
+        raise RuntimeError(
+            "hvd.broadcast_global_variables() does not support eager execution. Please use "
+            "`hvd.broadcast_variables(<model/optimizer variables>)` instead.")
+    return broadcast_variables(tf.compat.v1.global_variables(), root_rank)
+
+
+class BroadcastGlobalVariablesHook(tf.compat.v1.train.SessionRunHook):
+    """``SessionRunHook`` that broadcasts every global variable from ``root_rank`` when the
+    session is created (after initialization or restore from a checkpoint), so every rank
+    starts from the same state. For ``tf.compat.v1.train.MonitoredTrainingSession``."""
+
+    def __init__(self, root_rank, device=''):
+        super().__init__()
+        self.root_rank = root_rank
+        self.bcast_op = None
+        self.device = device
+
+    def begin(self):
+        """Builds the broadcast op in the session's graph."""
+        if not self.bcast_op or self.bcast_op.graph != tf.compat.v1.get_default_graph():
+            with tf.device(self.device):
+                self.bcast_op = broadcast_global_variables(self.root_rank)
+
+    def after_create_session(self, session, coord):
+        """Runs the broadcast."""
+        session.run(self.bcast_op)

@@ -1,0 +1,405 @@
+"""spark_hvd.tensorflow / spark_hvd.keras training APIs: DistributedGradientTape (every option,
+eager and traced), Keras DistributedOptimizer inside model.fit against a single-process
+reference (plain and with backward_passes_per_step), the callbacks' effects (broadcast at the
+start, averaged metrics, warmup and schedule learning rates, momentum correction,
+BestModelCheckpoint), load_model, SyncBatchNormalization against a whole-batch reference,
+the TF1 optimizer wrapper, objects, and argument errors.
+
+Usage: tf_training.py TMPDIR
+
+Every rank can rebuild every rank's data, so it computes the single-process reference itself.
+"""
+
+import os
+import sys
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+tf.config.threading.set_intra_op_parallelism_threads(1)
+tf.config.threading.set_inter_op_parallelism_threads(1)
+
+import spark_hvd.keras as khvd  # noqa: E402
+import spark_hvd.tensorflow as hvd  # noqa: E402
+from _wutil import Checks, seed_of  # noqa: E402
+
+
+def data(rank, shape, tag, dtype=np.float32):
+    rng = np.random.default_rng(seed_of(tag, rank, tuple(shape)))
+    return rng.uniform(-1, 1, size=shape).astype(dtype)
+
+
+def close(a, b, tol=1e-5):
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    return a.shape == b.shape and np.allclose(a, b, rtol=tol, atol=tol)
+
+
+def same_everywhere(c, what, arrays):
+    digest = [np.asarray(a).tobytes() for a in arrays]
+    everyone = hvd.allgather_object(digest)
+    c.check(all(d == everyone[0] for d in everyone), f"{what}: differs between ranks")
+
+
+# -- DistributedGradientTape ------------------------------------------------------------------
+
+def tape_checks(c, n, rank):
+    w = tf.Variable(data(0, (4, 3), "w", np.float64))
+    emb = tf.Variable(data(0, (6, 3), "emb", np.float64))
+
+    def loss_of(r, w, emb):
+        x = tf.constant(data(r, (5, 4), "x", np.float64))
+        ids = tf.constant([r % 6, (r + 2) % 6])
+        return tf.reduce_sum(tf.tanh(x @ w) ** 2) + tf.reduce_sum(tf.gather(emb, ids) ** 2)
+
+    def local_grads(r):
+        with tf.GradientTape() as tape:
+            loss = loss_of(r, w, emb)
+        g = tape.gradient(loss, [w, emb])
+        return [tf.convert_to_tensor(x).numpy() for x in g]
+
+    refs = [local_grads(r) for r in range(n)]
+    mean = [np.mean([g[i] for g in refs], 0) for i in range(2)]
+    total = [np.sum([g[i] for g in refs], 0) for i in range(2)]
+
+    def distributed(kw, traced):
+        def step():
+            with tf.GradientTape() as tape:
+                loss = loss_of(rank, w, emb)
+            tape = hvd.DistributedGradientTape(tape, **kw)
+            return tape.gradient(loss, [w, emb])
+        return tf.function(step)() if traced else step()
+
+    cases = [("average", {}, mean, 1e-12), ("sum", {"op": hvd.Sum}, total, 1e-12),
+             ("predivide", {"gradient_predivide_factor": 2.0}, mean, 1e-12),
+             ("fp16", {"compression": hvd.Compression.fp16}, mean, 2e-2),
+             ("groups_int", {"groups": 2}, mean, 1e-12),
+             ("groups_list", {"groups": [[w, emb]]}, mean, 1e-12),
+             ("sparse_as_dense", {"sparse_as_dense": True}, mean, 1e-12)]
+    for traced in (False, True):
+        for name, kw, want, tol in cases:
+            t = f"tape/{name}/{'function' if traced else 'eager'}"
+            got = c.run(t, distributed, kw, traced)
+            if got is None:
+                continue
+            if name == "average":
+                c.check(isinstance(got[1], tf.IndexedSlices), f"{t}: embedding grad is "
+                        f"{type(got[1]).__name__}, want IndexedSlices (allgathered)")
+            if name == "sparse_as_dense":
+                c.check(not isinstance(got[1], tf.IndexedSlices), f"{t}: not densified")
+            for i in range(2):
+                g = tf.convert_to_tensor(got[i]).numpy()
+                c.check(close(g, want[i], tol), f"{t}/{i}: off by {np.abs(g - want[i]).max()}")
+    # A tape wrapped before use (``with hvd.DistributedGradientTape(tf.GradientTape())``),
+    # nested sources, and unconnected sources (None stays None).
+    t = "tape/wrapped_before"
+    other = tf.Variable(1.0, dtype=tf.float64)
+    with hvd.DistributedGradientTape(tf.GradientTape()) as tape:
+        loss = loss_of(rank, w, emb)
+    got = c.run(t, tape.gradient, loss, {"w": w, "unused": other})
+    if got is not None:
+        c.check(got["unused"] is None and close(got["w"].numpy(), mean[0], 1e-12),
+                f"{t}: {got}")
+    c.check(isinstance(tape, tf.GradientTape), "tape is not a tf.GradientTape")
+    c.raises("tape/adasum", NotImplementedError, hvd.DistributedGradientTape,
+             tf.GradientTape(), op=hvd.Adasum)
+    c.raises("tape/predivide_sum", ValueError, hvd.DistributedGradientTape, tf.GradientTape(),
+             op=hvd.Sum, gradient_predivide_factor=2.0, match="gradient_predivide_factor")
+
+
+# -- Keras DistributedOptimizer in model.fit --------------------------------------------------
+
+B, STEPS, EPOCHS = 4, 3, 3
+
+
+def make_model(seed):
+    keras.utils.set_random_seed(seed)
+    return keras.Sequential([keras.Input((5,)), keras.layers.Dense(6, activation="tanh"),
+                             keras.layers.Dense(2)])
+
+
+def rank_data(r, tag):
+    return data(r, (B * STEPS, 5), tag + "x"), data(r, (B * STEPS, 2), tag + "y")
+
+
+def interleaved(n, tag, per_step):
+    """The global batches in order: batch i is every rank's i-th batch, rank by rank."""
+    parts = [rank_data(r, tag) for r in range(n)]
+    xs, ys = [], []
+    for i in range(STEPS // per_step if per_step > 1 else STEPS):
+        for k in range(per_step):
+            step = i * per_step + k
+            for x, y in parts:
+                xs.append(x[step * B:(step + 1) * B])
+                ys.append(y[step * B:(step + 1) * B])
+    return np.concatenate(xs), np.concatenate(ys)
+
+
+class Probe(keras.callbacks.Callback):
+    """Records what the callbacks before it did."""
+
+    def __init__(self):
+        super().__init__()
+        self.start_weights = None
+        self.lrs = []
+        self.epoch_logs = []
+
+    def on_train_begin(self, logs=None):
+        self.start_weights = [v.numpy().copy() for v in self.model.trainable_variables]
+
+    def on_train_batch_begin(self, batch, logs=None):
+        self.lrs.append(float(self.model.optimizer.learning_rate.numpy()))
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.epoch_logs.append(dict(logs))
+
+
+def fit_checks(c, n, rank, tmp):
+    x, y = rank_data(rank, "fit")
+    model = make_model(seed=100 + rank)  # different initial weights on every rank
+    opt = khvd.DistributedOptimizer(keras.optimizers.SGD(0.1, momentum=0.5))
+    model.compile(opt, loss="mse")
+    raw, averaged = Probe(), Probe()
+    warmup = khvd.callbacks.LearningRateWarmupCallback(initial_lr=0.1, warmup_epochs=2)
+    # raw sees the broadcast start and the local metrics; averaged the averaged metrics and
+    # the rate the warmup set for each batch
+    callbacks = [khvd.callbacks.BroadcastGlobalVariablesCallback(0), raw,
+                 khvd.callbacks.MetricAverageCallback(), warmup, averaged]
+    history = c.run("fit", model.fit, x, y, batch_size=B, epochs=EPOCHS, shuffle=False,
+                    verbose=0, callbacks=callbacks)
+    c.check(history is not None and len(history.history.get("lr", [])) == EPOCHS,
+            f"no lr in the history: {getattr(history, 'history', None)}")
+    # broadcast at the start: every rank began with rank 0's weights
+    start0 = [v.numpy() for v in make_model(seed=100).trainable_variables]
+    c.check(raw.start_weights is not None and
+            all(np.array_equal(a, b) for a, b in zip(raw.start_weights, start0)),
+            "fit: did not start from rank 0's weights")
+    same_everywhere(c, "fit: weights", [v.numpy() for v in model.variables])
+    # averaged metrics: the mean of every rank's raw epoch logs
+    everyone = hvd.allgather_object(raw.epoch_logs)
+    for e, logs in enumerate(averaged.epoch_logs):
+        want = np.mean([everyone[r][e]["loss"] for r in range(n)])
+        c.check(abs(logs["loss"] - want) < 1e-6, f"metric average epoch {e}: {logs['loss']} "
+                f"vs {want}")
+    # warmup: Horovod's formula, batch by batch, then constant
+    want_lrs = []
+    for e in range(EPOCHS):
+        for b in range(STEPS):
+            if e < 2:
+                epoch = e + b / STEPS + 1.0 / STEPS
+                want_lrs.append(0.1 / n * (epoch * (n - 1) / 2 + 1))
+            else:
+                want_lrs.append(want_lrs[-1])
+    c.check(close(averaged.lrs, want_lrs, 1e-6), f"warmup lrs {averaged.lrs} != {want_lrs}")
+    # the same training on one process: each step on the union of the ranks' batches
+    ref = make_model(seed=100)
+    ref.compile(keras.optimizers.SGD(0.1, momentum=0.5), loss="mse")
+    gx, gy = interleaved(n, "fit", 1)
+    ref.fit(gx, gy, batch_size=B * n, epochs=EPOCHS, shuffle=False, verbose=0,
+            callbacks=[khvd.callbacks.LearningRateWarmupCallback(initial_lr=0.1,
+                                                                 warmup_epochs=2)])
+    for a, b in zip(model.trainable_variables, ref.trainable_variables):
+        c.check(close(a.numpy(), b.numpy(), 1e-5), f"fit vs reference: off by "
+                f"{np.abs(a.numpy() - b.numpy()).max()}")
+    c.check(int(opt.iterations.numpy()) == EPOCHS * STEPS, f"iterations {opt.iterations}")
+
+    # save / load_model: the optimizer is wrapped again and keeps its state
+    path = os.path.join(tmp, f"model{rank}.keras")
+    model.save(path)
+    loaded = c.run("load_model", khvd.load_model, path)
+    if loaded is not None:
+        c.check(isinstance(loaded.optimizer, khvd.optimizer._DistributedOptimizer) and
+                isinstance(loaded.optimizer, keras.optimizers.SGD),
+                f"load_model optimizer {type(loaded.optimizer).__mro__}")
+        c.check(int(loaded.optimizer.iterations.numpy()) == EPOCHS * STEPS,
+                "load_model lost the optimizer state")
+        c.run("fit after load_model", loaded.fit, x, y, batch_size=B, epochs=1, verbose=0,
+              shuffle=False)
+        same_everywhere(c, "after load_model", [v.numpy() for v in loaded.variables])
+    plain = keras.models.load_model(path)
+    c.check(not isinstance(plain.optimizer, khvd.optimizer._DistributedOptimizer),
+            "plain keras.models.load_model returned a distributed optimizer")
+
+
+def accumulation_checks(c, n, rank):
+    """backward_passes_per_step=2 with averaging equals one step on twice the batch."""
+    x, y = rank_data(rank, "acc")
+    model = make_model(seed=7)
+    opt = khvd.DistributedOptimizer(keras.optimizers.SGD(0.2), backward_passes_per_step=2,
+                                    average_aggregated_gradients=True)
+    model.compile(opt, loss="mse")
+    steps = STEPS - STEPS % 2
+    c.run("accumulate", model.fit, x[:steps * B], y[:steps * B], batch_size=B, epochs=1,
+          shuffle=False, verbose=0)
+    ref = make_model(seed=7)
+    ref.compile(keras.optimizers.SGD(0.2), loss="mse")
+    gx, gy = interleaved(n, "acc", 2)
+    ref.fit(gx, gy, batch_size=2 * B * n, epochs=1, shuffle=False, verbose=0)
+    for a, b in zip(model.trainable_variables, ref.trainable_variables):
+        c.check(close(a.numpy(), b.numpy(), 1e-5), f"accumulate vs reference: off by "
+                f"{np.abs(a.numpy() - b.numpy()).max()}")
+    c.check(int(opt.iterations.numpy()) == steps, f"accumulate: iterations {opt.iterations}")
+    # IndexedSlices cannot be accumulated without sparse_as_dense
+    emb = tf.Variable(np.ones((4, 2), np.float32))
+    sparse_opt = khvd.DistributedOptimizer(keras.optimizers.SGD(0.1), backward_passes_per_step=2)
+    grad = tf.IndexedSlices(tf.ones([1, 2]), tf.constant([1]), tf.constant([4, 2]))
+    c.raises("accumulate/sparse", ValueError, sparse_opt.apply_gradients, [(grad, emb)],
+             match="sparse_as_dense")
+
+
+def schedule_checks(c, n, rank, tmp):
+    x, y = rank_data(rank, "sched")
+    model = make_model(seed=3)
+    model.compile(khvd.DistributedOptimizer(keras.optimizers.SGD(1.0, momentum=0.9)),
+                  loss="mse")
+    probe = Probe()
+    best = khvd.callbacks.BestModelCheckpoint(monitor="loss")
+    best.filepath = os.path.join(tmp, f"best{rank}.keras")
+    sched = khvd.callbacks.LearningRateScheduleCallback(initial_lr=0.08, multiplier=0.5,
+                                                       start_epoch=1)
+    c.run("schedule fit", model.fit, x, y, batch_size=B, epochs=3, verbose=0, shuffle=False,
+          callbacks=[sched, probe, best])
+    # epoch 0 is before start_epoch: the optimizer's own rate
+    want = [1.0] * STEPS + [0.08] * STEPS + [0.04] * STEPS
+    c.check(close(probe.lrs, want, 1e-6), f"schedule lrs {probe.lrs} != {want}")
+    c.check(os.path.exists(best.filepath), "BestModelCheckpoint saved nothing")
+    # momentum correction scales SGD's velocity by new_lr / old_lr when the rate changes
+    opt = keras.optimizers.SGD(0.1, momentum=0.9)
+    v = tf.Variable(np.ones(3, np.float32))
+    opt.apply_gradients([(tf.ones(3), v)])
+    before = opt.momentums[0].numpy().copy()
+    holder = keras.Sequential([keras.Input((1,)), keras.layers.Dense(1)])
+    holder.optimizer = opt
+    cb = khvd.callbacks.LearningRateScheduleCallback(initial_lr=0.1, multiplier=0.5)
+    cb.set_model(holder)
+    cb.on_epoch_begin(1)
+    cb.on_batch_begin(0)
+    c.check(close(opt.momentums[0].numpy(), before * 0.5, 1e-6),
+            f"momentum correction: {opt.momentums[0].numpy()} vs {before}")
+    nobest = khvd.callbacks.BestModelCheckpoint()
+    c.check(nobest.filepath is None and nobest.save_best_only, "BestModelCheckpoint defaults")
+    c.raises("schedule/initial_lr", ValueError, khvd.callbacks.LearningRateScheduleCallback,
+             None, 0.5)
+
+
+# -- SyncBatchNormalization -------------------------------------------------------------------
+
+def sync_bn_checks(c, n, rank):
+    rows = [3 + r for r in range(n)]  # different batch sizes per rank
+    xs = [data(r, (rows[r], 4, 3), "bn") * (r + 1) + r for r in range(n)]
+    ws = [data(r, (rows[r], 4, 3), "bnw") for r in range(n)]
+    layer = hvd.SyncBatchNormalization(momentum=0.5)
+    ref = keras.layers.BatchNormalization(momentum=0.5)
+    layer.build((None, 4, 3))
+    ref.build((None, 4, 3))
+    start = sum(rows[:rank])
+    x_all, w_all = tf.constant(np.concatenate(xs)), tf.constant(np.concatenate(ws))
+    with tf.GradientTape() as tape:
+        tape.watch(x_all)
+        ref_loss = tf.reduce_sum(ref(x_all, training=True) * w_all)
+    ref_grad = tape.gradient(ref_loss, x_all).numpy()[start:start + rows[rank]]
+    ref_out = ref(x_all, training=False).numpy()[start:start + rows[rank]]
+
+    for traced in (False, True):
+        t = f"sync_bn/{'function' if traced else 'eager'}"
+        layer.moving_mean.assign(np.zeros(3, np.float32))
+        layer.moving_variance.assign(np.ones(3, np.float32))
+        x = tf.constant(xs[rank])
+
+        def step(x):
+            with tf.GradientTape() as tape:
+                tape.watch(x)
+                loss = tf.reduce_sum(layer(x, training=True) * tf.constant(ws[rank]))
+            return tape.gradient(loss, x)
+        grad = c.run(t, tf.function(step) if traced else step, x)
+        if grad is not None:
+            c.check(close(grad.numpy(), ref_grad, 1e-4),
+                    f"{t}: grad off by {np.abs(grad.numpy() - ref_grad).max()}")
+        c.check(close(layer.moving_mean.numpy(), ref.moving_mean.numpy(), 1e-5) and
+                close(layer.moving_variance.numpy(), ref.moving_variance.numpy(), 1e-4),
+                f"{t}: moving statistics {layer.moving_mean.numpy()} vs "
+                f"{ref.moving_mean.numpy()}")
+        out = layer(x, training=False).numpy()
+        c.check(close(out, ref_out, 1e-4), f"{t}: inference output differs")
+    c.raises("sync_bn/fused", ValueError, hvd.SyncBatchNormalization, fused=True)
+    config = layer.get_config()
+    c.check(type(hvd.SyncBatchNormalization.from_config(config)) is
+            hvd.SyncBatchNormalization, "SyncBatchNormalization config round trip")
+
+
+# -- TF1 optimizer, objects, value ops, errors ------------------------------------------------
+
+def misc_checks(c, n, rank):
+    # tf.compat.v1 optimizer wrapper (eagerly; the session recipe runs in the examples)
+    v = tf.Variable(np.zeros(3, np.float32))
+    opt = hvd.DistributedOptimizer(tf.compat.v1.train.GradientDescentOptimizer(1.0))
+    c.check(isinstance(opt, tf.compat.v1.train.Optimizer), "v1 wrapper type")
+    gv = c.run("v1/compute_gradients", opt.compute_gradients,
+               lambda: tf.reduce_sum(v * tf.constant([1.0, 2.0, float(rank)])), [v])
+    if gv:
+        want = [1.0, 2.0, (n - 1) / 2.0]
+        c.check(close(gv[0][0].numpy(), want), f"v1 averaged gradient {gv[0][0]}")
+        c.run("v1/apply_gradients", opt.apply_gradients, gv)
+        c.check(close(v.numpy(), [-w for w in want]), f"v1 apply: {v.numpy()}")
+    c.raises("v1/bpps", NotImplementedError, hvd.DistributedOptimizer,
+             tf.compat.v1.train.GradientDescentOptimizer(1.0), backward_passes_per_step=2)
+    # hvd.tensorflow.DistributedOptimizer hands Keras optimizers to spark_hvd.keras
+    kopt = hvd.DistributedOptimizer(keras.optimizers.Adam(0.01))
+    c.check(isinstance(kopt, khvd.optimizer._DistributedOptimizer) and
+            isinstance(kopt, keras.optimizers.Adam), "tf DistributedOptimizer(keras)")
+    c.raises("keras/double_wrap", ValueError, khvd.DistributedOptimizer, kopt, match="already")
+    c.raises("keras/not_optimizer", ValueError, khvd.DistributedOptimizer, object())
+    c.raises("tf/not_optimizer", ValueError, hvd.DistributedOptimizer, object())
+    c.raises("keras/adasum", NotImplementedError, khvd.DistributedOptimizer,
+             keras.optimizers.SGD(), op=hvd.Adasum)
+    c.raises("keras/bpps0", ValueError, khvd.DistributedOptimizer, keras.optimizers.SGD(),
+             backward_passes_per_step=0)
+    c.raises("broadcast_global_variables/eager", RuntimeError, hvd.broadcast_global_variables,
+             0, match="broadcast_variables")
+    c.raises("keras/broadcast_global_variables", RuntimeError,
+             khvd.broadcast_global_variables, 0)
+    # a custom Keras optimizer is wrapped too
+    class Halving(keras.optimizers.Optimizer):
+        def update_step(self, gradient, variable, learning_rate):
+            self.assign_sub(variable, 0.5 * gradient)
+    cv = tf.Variable(np.zeros(2, np.float32))
+    custom = khvd.DistributedOptimizer(Halving(learning_rate=1.0))
+    c.run("custom optimizer", custom.apply_gradients,
+          [(tf.constant([float(rank), 2.0]), cv)])
+    c.check(close(cv.numpy(), [-(n - 1) / 4.0, -1.0]), f"custom optimizer: {cv.numpy()}")
+    # objects
+    obj = c.run("broadcast_object", hvd.broadcast_object, {"rank": rank, "a": [1, 2]}, 0)
+    c.check(obj == {"rank": 0, "a": [1, 2]}, f"broadcast_object {obj}")
+    fn = hvd.broadcast_object_fn(root_rank=n - 1)
+    c.check(fn(rank) == n - 1, "broadcast_object_fn")
+    c.check(hvd.allgather_object(rank * 10) == [r * 10 for r in range(n)], "allgather_object")
+    # Keras value-level ops
+    got = khvd.allreduce(np.full(3, rank, np.float32), op=hvd.Sum)
+    c.check(close(got.numpy(), [n * (n - 1) / 2] * 3), f"keras allreduce {got}")
+    c.check(khvd.allgather(np.array([rank])).numpy().tolist() == list(range(n)),
+            "keras allgather")
+    c.check(khvd.broadcast(np.array([rank, 5]), n - 1).numpy().tolist() == [n - 1, 5],
+            "keras broadcast")
+    got = khvd.reducescatter(np.ones((n, 2), np.float32) * rank, op=hvd.Sum)
+    c.check(close(got.numpy(), [[n * (n - 1) / 2] * 2]), f"keras reducescatter {got}")
+    c.check(khvd.size() == n and khvd.rank() == rank and khvd.local_size() >= 1,
+            "keras topology")
+
+
+def main():
+    tmp = sys.argv[1]
+    hvd.init()
+    rank, n = hvd.rank(), hvd.size()
+    c = Checks(rank)
+    for part in (tape_checks, fit_checks, accumulation_checks, schedule_checks,
+                 sync_bn_checks, misc_checks):
+        args = (c, n, rank, tmp) if part in (fit_checks, schedule_checks) else (c, n, rank)
+        c.run(part.__name__, part, *args)
+    hvd.shutdown()
+    c.finish(size=n)
+
+
+if __name__ == "__main__":
+    main()
