@@ -1,0 +1,40 @@
+"""Spark ML Estimators: fit a deep-learning model on a Spark DataFrame, get a Transformer back.
+
+    from pyspark.ml import Pipeline
+    from spark_hvd.estimators import Store, TorchEstimator
+
+    store = Store.create("/tmp/spark_hvd_store")          # or hdfs://..., s3://... (fsspec)
+    estimator = TorchEstimator(num_proc=2, store=store, model=net, optimizer=opt,
+                               loss=torch.nn.functional.cross_entropy,
+                               feature_cols=["features"], label_cols=["label"],
+                               batch_size=64, epochs=5, validation=0.1)
+    model = Pipeline(stages=[assembler, estimator]).fit(train_df)
+    predictions = model.transform(test_df)                 # adds "label__output"
+
+``fit`` writes the DataFrame as Parquet shards into the Store (reused when the same DataFrame
+is fitted again), trains on Spark barrier tasks with ``spark_hvd.spark.run`` (one rank per
+task, each reading its own shards), checkpoints every epoch under ``runs/<run_id>/`` and
+returns a Model holding the trained weights and the per-epoch history.
+
+Modules: ``store`` (Store, LocalStore, HDFSStore, FilesystemStore), ``loader`` (the shard
+reader every rank trains from), ``torch`` (TorchEstimator, TorchModel), ``keras``
+(KerasEstimator, KerasModel).
+"""
+
+import importlib
+
+_EXPORTS = {
+    "Store": "store", "LocalStore": "store", "HDFSStore": "store", "FilesystemStore": "store",
+    "TorchEstimator": "torch", "TorchModel": "torch",
+    "KerasEstimator": "keras", "KerasModel": "keras",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name):
+    # Lazy: importing the Store must not import torch or TensorFlow.
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'spark_hvd.estimators' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{module}"), name)

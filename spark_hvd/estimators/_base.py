@@ -1,0 +1,199 @@
+"""What TorchEstimator and KerasEstimator share: the fit flow on the driver (check Params,
+prepare the data, pick the run, run the ranks, build the Model) and the Model's batched,
+Arrow-based ``transform``. The framework modules supply only the rank's training function and
+the model (de)serialisation."""
+
+from __future__ import annotations
+
+import datetime
+import secrets
+
+from pyspark.ml import Estimator, Model
+
+from . import _params
+from ._persistence import Persistable
+from ._progress import ProgressSink
+
+
+class SparkBackend:
+    """Runs an estimator's training ranks on Spark barrier tasks (``spark_hvd.spark.run``).
+
+    Args:
+        num_proc: number of ranks; default: the session's default parallelism.
+        env: extra environment variables for the ranks.
+        stdout, stderr: where the ranks' output goes (default the driver's).
+        verbose: ``spark.run``'s verbosity.
+        start_timeout: seconds to wait for the tasks and the ranks to start.
+        nics: network interfaces for the ranks' connections.
+        spark: the SparkSession (default: the DataFrame's).
+    """
+
+    def __init__(self, num_proc=None, env=None, stdout=None, stderr=None, verbose=1,
+                 start_timeout=None, nics=None, spark=None):
+        self.num_proc, self.env, self.stdout, self.stderr = num_proc, env, stdout, stderr
+        self.verbose, self.start_timeout, self.nics, self.spark = (verbose, start_timeout, nics,
+                                                                   spark)
+
+    def num_processes(self, spark=None) -> int:
+        """The number of ranks ``run`` starts."""
+        if self.num_proc is not None:
+            return int(self.num_proc)
+        from spark_hvd.spark import _session
+        return _session.default_num_proc(_session.active_session(self.spark or spark))
+
+    def run(self, fn, args=(), kwargs=None, env=None, stdout=None, spark=None):
+        """Runs ``fn`` on every rank; returns its results by rank."""
+        import spark_hvd.spark
+        merged = dict(self.env or {})
+        merged.update(env or {})
+        return spark_hvd.spark.run(
+            fn, args=args, kwargs=kwargs, num_proc=self.num_processes(spark), env=merged,
+            stdout=stdout if stdout is not None else self.stdout, stderr=self.stderr,
+            verbose=self.verbose, start_timeout=self.start_timeout, nics=self.nics,
+            spark=self.spark or spark)
+
+    def __getstate__(self):  # the session and streams stay on the driver
+        state = dict(self.__dict__)
+        state.update(spark=None, stdout=None, stderr=None)
+        return state
+
+
+def new_run_id(prefix: str) -> str:
+    stamp = datetime.datetime.now().strftime("%Y%m%d_%H%M%S")
+    return f"{prefix}_{stamp}_{secrets.token_hex(3)}"
+
+
+class DistributedEstimator(Estimator, Persistable):
+    """Base of TorchEstimator and KerasEstimator (framework hooks at the bottom)."""
+
+    _run_prefix = "run"
+
+    def __init__(self, **kwargs):
+        super().__init__()
+        _params.init_params(self, kwargs)
+
+    # -- the fit flow --------------------------------------------------------------------------
+
+    def _fit(self, df):
+        from ._prepare import prepare_data
+        self._check_params(df)
+        spark = df.sparkSession
+        backend = self.getBackend() or SparkBackend(num_proc=self.getNumProc())
+        num_proc = backend.num_processes(spark)
+        store = self.getStore()
+        verbose = self.getVerbose()
+        seed = self.getRandomSeed()
+        metadata = prepare_data(
+            df, store, num_proc=num_proc, partitions_per_process=self.getPartitionsPerProcess(),
+            feature_cols=self.getFeatureCols(), label_cols=self.getLabelCols(),
+            sample_weight_col=self.getSampleWeightCol(), validation=self.getValidation(),
+            random_seed=seed, verbose=verbose)
+        run_id = self.getRunId() or new_run_id(self._run_prefix)
+        checkpoints = store.list_checkpoints(run_id)
+        config = self._training_config(metadata, run_id, num_proc, seed)
+        resume = checkpoints[-1][1] if checkpoints else None
+        if resume is not None and verbose:
+            print(f"spark_hvd: resuming run {run_id} from {resume}", flush=True)
+        sink = ProgressSink(getattr(backend, "stdout", None), verbose)
+        env = dict(self.getEnv() or {})
+        try:
+            results = backend.run(self._remote_trainer(), args=(config, resume), env=env,
+                                  stdout=sink, spark=spark)
+        finally:
+            sink.close()
+        return self._create_model(results[0], metadata, run_id)
+
+    def _check_params(self, df) -> None:
+        name = type(self).__name__
+        if self.getStore() is None:
+            raise ValueError(f"{name}: store is not set; pass store=Store.create('<dir or url>')")
+        if self.getModel() is None:
+            raise ValueError(f"{name}: model is not set")
+        if not self.getFeatureCols():
+            raise ValueError(f"{name}: feature_cols is not set")
+        if not self.getLabelCols():
+            raise ValueError(f"{name}: label_cols is not set")
+        if self.getNumProc() is not None and self.getBackend() is not None:
+            raise ValueError(f"{name}: set num_proc or backend, not both (give the backend "
+                             f"its num_proc)")
+        for param in ("batch_size", "epochs", "backward_passes_per_step",
+                      "partitions_per_process"):
+            value = self.getOrDefault(param)
+            if value is None or value < 1:
+                raise ValueError(f"{name}: {param} must be a positive integer, got {value!r}")
+        if self.getReader() not in ("arrow", "petastorm"):
+            raise ValueError(f"{name}: reader must be 'arrow' or 'petastorm', "
+                             f"got {self.getReader()!r}")
+        shapes = self.getInputShapes()
+        if shapes is not None and len(shapes) != len(self.getFeatureCols()):
+            raise ValueError(f"{name}: input_shapes has {len(shapes)} shapes for "
+                             f"{len(self.getFeatureCols())} feature columns")
+        shapes = self.getLabelShapes()
+        if shapes is not None and len(shapes) != len(self.getLabelCols()):
+            raise ValueError(f"{name}: label_shapes has {len(shapes)} shapes for "
+                             f"{len(self.getLabelCols())} label columns")
+
+    def _training_config(self, metadata, run_id, num_proc, seed) -> dict:
+        """Everything a rank needs, picklable; framework-specific parts are added by
+        ``_framework_config``."""
+        batch_size = self.getBatchSize()
+        config = {
+            "store": self.getStore(), "metadata": metadata, "run_id": run_id,
+            "num_proc": num_proc, "epochs": self.getEpochs(), "batch_size": batch_size,
+            "val_batch_size": self.getValBatchSize() or batch_size,
+            "train_steps_per_epoch": self.getTrainStepsPerEpoch(),
+            "validation_steps_per_epoch": self.getValidationStepsPerEpoch(),
+            "shuffle": self.getShuffle(), "shuffle_buffer_size": self.getShuffleBufferSize(),
+            "random_seed": seed if seed is not None else secrets.randbelow(2**31),
+            "verbose": self.getVerbose(), "transformation_fn": self.getTransformationFn(),
+            "input_shapes": self.getInputShapes(), "label_shapes": self.getLabelShapes(),
+            "feature_cols": self.getFeatureCols(), "label_cols": self.getLabelCols(),
+            "sample_weight_col": self.getSampleWeightCol(),
+            "backward_passes_per_step": self.getBackwardPassesPerStep(),
+            "gradient_compression": self.getGradientCompression(),
+            "use_gpu": self.getUseGpu(), "inmemory_cache_all": self.getInmemoryCacheAll(),
+            "train_reader_num_workers": self.getTrainReaderNumWorkers(),
+            "val_reader_num_workers": self.getValReaderNumWorkers(),
+            "reader": self.getReader(), "scale_learning_rate": self.getScaleLearningRate(),
+            "metrics": self.getMetrics() or [], "loss_weights": self.getLossWeights(),
+            "callbacks": self.getCallbacks() or [],
+        }
+        config.update(self._framework_config())
+        return config
+
+    # -- framework hooks -----------------------------------------------------------------------
+
+    def _framework_config(self) -> dict:
+        raise NotImplementedError
+
+    def _remote_trainer(self):
+        """The function each rank runs: ``fn(config, resume_checkpoint_path) -> result``."""
+        raise NotImplementedError
+
+    def _create_model(self, result, metadata, run_id):
+        raise NotImplementedError
+
+
+class DistributedModel(Model, Persistable):
+    """Base of TorchModel and KerasModel: ``transform`` through an Arrow UDF in batches."""
+
+    def __init__(self, **kwargs):
+        super().__init__()
+        _params.init_params(self, kwargs)
+
+    def getOutputCols(self):
+        """The prediction columns: ``output_cols`` if set, else ``<label>__output``."""
+        cols = self.getOrDefault(self.output_cols)
+        return list(cols) if cols else [f"{c}__output" for c in self.getLabelCols()]
+
+    def _transform(self, df):
+        from ._transform import add_predictions
+        return add_predictions(df, self)
+
+    # -- framework hooks -----------------------------------------------------------------------
+
+    def _predictor_factory(self):
+        """A picklable ``factory() -> predict(list of input arrays) -> list of output arrays``;
+        the factory runs once per Spark task (loads the model there)."""
+        raise NotImplementedError
+

@@ -1,0 +1,114 @@
+"""What every rank of an estimator's training run needs, whatever the framework: its shard
+readers, per-epoch bookkeeping (history, rows/s, progress to the driver) and checkpoints in the
+Store. Runs inside the rank processes that ``spark.run`` starts."""
+
+from __future__ import annotations
+
+import io
+import os
+import time
+
+from . import _progress
+
+KEEP_CHECKPOINTS = 2   # the newest ones: a crash while writing one still leaves the previous
+
+
+def make_readers(config: dict, rank: int, size: int):
+    """(train reader, validation reader or None) of this rank."""
+    from .loader import ShardReader
+    store, metadata = config["store"], config["metadata"]
+    path = store.fs_path(store.get_data_path(metadata["data_key"]))
+    columns = list(config["feature_cols"]) + list(config["label_cols"])
+    if config["sample_weight_col"]:
+        columns.append(config["sample_weight_col"])
+    common = dict(columns=columns, seed=config["random_seed"], reader=config["reader"])
+    train = ShardReader(store.filesystem, path, metadata, split="train", rank=rank, size=size,
+                        batch_size=config["batch_size"],
+                        steps_per_epoch=config["train_steps_per_epoch"],
+                        shuffle=config["shuffle"],
+                        shuffle_buffer_size=config["shuffle_buffer_size"],
+                        inmemory_cache_all=config["inmemory_cache_all"],
+                        num_workers=config["train_reader_num_workers"], **common)
+    val = None
+    if metadata["splits"].get("val"):
+        val = ShardReader(store.filesystem, path, metadata, split="val", rank=rank, size=size,
+                          batch_size=config["val_batch_size"],
+                          steps_per_epoch=config["validation_steps_per_epoch"], shuffle=False,
+                          inmemory_cache_all=config["inmemory_cache_all"],
+                          num_workers=config["val_reader_num_workers"], **common)
+    return train, val
+
+
+def cpu_threads_per_rank() -> int:
+    """Cores of this machine shared fairly by the ranks on it (no oversubscription)."""
+    local_size = int(os.environ.get("SPARK_HVD_LOCAL_SIZE", "1") or 1)
+    return max(1, (os.cpu_count() or 1) // max(1, local_size))
+
+
+class MeanAccumulator:
+    """Sums of per-step values, averaged at the end of an epoch."""
+
+    def __init__(self):
+        self.sums: dict[str, float] = {}
+        self.steps = 0
+
+    def add(self, values: dict) -> None:
+        for k, v in values.items():
+            self.sums[k] = self.sums.get(k, 0.0) + float(v)
+        self.steps += 1
+
+    def means(self) -> dict:
+        return {k: v / max(1, self.steps) for k, v in self.sums.items()}
+
+
+class EpochReporter:
+    """Rank 0's progress events to the driver and the run's history."""
+
+    def __init__(self, rank: int, epochs: int, verbose: int, history: dict | None = None):
+        self.rank, self.epochs, self.verbose = rank, epochs, verbose
+        self.history = {k: list(v) for k, v in (history or {}).items()}
+        self._started = time.monotonic()
+
+    def start(self, epoch: int, steps: int) -> None:
+        self._started = time.monotonic()
+        if self.rank == 0 and self.verbose:
+            _progress.report("epoch_start", epoch=epoch, epochs=self.epochs, steps=steps)
+
+    def step(self, steps: int = 1, loss: float | None = None) -> None:
+        if self.rank == 0 and self.verbose >= 2:
+            fields = {"steps": steps}
+            if loss is not None:
+                fields["loss"] = float(loss)
+            _progress.report("step", **fields)
+
+    def end(self, epoch: int, metrics: dict, rows: int) -> None:
+        """Records the epoch's (already rank-averaged) metrics; ``rows`` = rows trained by all
+        ranks this epoch."""
+        for k, v in metrics.items():
+            self.history.setdefault(k, []).append(float(v))
+        seconds = time.monotonic() - self._started
+        if self.rank == 0 and self.verbose:
+            _progress.report("epoch_end", epoch=epoch, epochs=self.epochs,
+                             metrics={k: float(v) for k, v in metrics.items()},
+                             rows_per_second=rows / seconds if seconds > 0 else None,
+                             seconds=seconds)
+
+
+def save_checkpoint(store, run_id: str, epoch: int, data: bytes, extension: str) -> str:
+    """Writes the checkpoint of ``epoch`` atomically, then drops all but the newest
+    ``KEEP_CHECKPOINTS``. Returns its path."""
+    path = store.get_checkpoint_file(run_id, epoch, extension)
+    with store.atomic_writer(path) as f:
+        f.write(data)
+    for _, old in store.list_checkpoints(run_id)[:-KEEP_CHECKPOINTS]:
+        store.delete(old)
+    return path
+
+
+def write_log(store, run_id: str, name: str, text: str) -> None:
+    """A small text file under ``runs/<run_id>/logs/``."""
+    store.write_text(store.join(store.get_logs_path(run_id), name), text)
+
+
+def bytes_buffer(data: bytes | None = None) -> io.BytesIO:
+    return io.BytesIO(data) if data is not None else io.BytesIO()

@@ -1,0 +1,187 @@
+"""Store: layout, atomic writes, pickling, dispatch by URL scheme, and clear errors.
+
+Runs every behaviour on a LocalStore, a FilesystemStore over fsspec's memory filesystem and one
+over fsspec's local filesystem (no Spark needed).
+"""
+
+import os
+import pickle
+import uuid
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+import pytest
+
+from spark_hvd.estimators.store import FilesystemStore, HDFSStore, LocalStore, Store
+
+
+@pytest.fixture(params=["local", "memory", "fsspec-file"])
+def store(request, tmp_path):
+    if request.param == "local":
+        yield LocalStore(str(tmp_path / "store"))
+    elif request.param == "memory":
+        s = FilesystemStore(f"memory://spark-hvd-test-{uuid.uuid4().hex}")
+        yield s
+        s.delete(s.prefix_path)
+    else:
+        yield FilesystemStore(f"file://{tmp_path}/store")
+
+
+def _names_on_disk(store, path):
+    """Every entry of a directory, temporary files included (listdir hides them)."""
+    infos = store.filesystem.get_file_info(pafs.FileSelector(store.fs_path(path)))
+    return sorted(os.path.basename(i.path.rstrip("/")) for i in infos)
+
+
+def test_create_dispatches_by_scheme(tmp_path):
+    assert type(Store.create(str(tmp_path))) is LocalStore
+    assert type(Store.create(f"file://{tmp_path}")) is LocalStore
+    assert Store.create(f"file://{tmp_path}").prefix_path == str(tmp_path)
+    assert type(Store.create("memory://x")) is FilesystemStore
+    rel = Store.create("relative/dir")
+    assert rel.prefix_path == os.path.join(os.getcwd(), "relative/dir")
+
+
+def test_layout(store):
+    p = store.prefix_path
+    assert store.get_data_path("k1") == f"{p}/intermediate/k1"
+    assert store.get_runs_path() == f"{p}/runs"
+    assert store.get_run_path("r1") == f"{p}/runs/r1"
+    assert store.get_checkpoint_path("r1") == f"{p}/runs/r1/checkpoints"
+    assert store.get_logs_path("r1") == f"{p}/runs/r1/logs"
+    assert store.get_checkpoint_filename(3) == "epoch-00003.pt"
+    assert store.get_checkpoint_file("r1", 3, "ckpt") == f"{p}/runs/r1/checkpoints/epoch-00003.ckpt"
+
+
+def test_read_write_list_delete(store):
+    d = store.get_data_path("key")
+    f = store.join(d, "sub", "a.bin")
+    assert not store.exists(f)
+    store.write_bytes(f, b"\x00\x01abc")
+    assert store.exists(f) and store.read_bytes(f) == b"\x00\x01abc"
+    store.write_text(store.join(d, "b.txt"), "héllo")
+    assert store.read_text(store.join(d, "b.txt")) == "héllo"
+    store.write_bytes(f, b"new")  # overwrite
+    assert store.read_bytes(f) == b"new"
+    assert store.listdir(d) == ["b.txt", "sub"]
+    assert store.isdir(store.join(d, "sub")) and not store.isdir(f)
+    store.makedirs(store.get_logs_path("r"))
+    store.makedirs(store.get_logs_path("r"))  # exists: fine
+    with pytest.raises(FileNotFoundError):
+        store.listdir(store.join(d, "nope"))
+    store.delete(d)
+    assert not store.exists(d) and not store.exists(f)
+    store.delete(d)  # already gone: fine
+
+
+def test_open_input_reads_parquet(store):
+    path = store.join(store.get_data_path("k"), "t.parquet")
+    table = pa.table({"x": [1, 2, 3]})
+    with store.atomic_writer(path) as f:
+        pq.write_table(table, f)
+    with store.open_input(path) as f:
+        assert pq.read_table(f).equals(table)
+
+
+def test_atomic_writer_leaves_nothing_on_error(store):
+    d = store.get_checkpoint_path("run")
+    target = store.join(d, "epoch-00001.pt")
+    with pytest.raises(RuntimeError, match="boom"):
+        with store.atomic_writer(target) as f:
+            f.write(b"half")
+            raise RuntimeError("boom")
+    assert not store.exists(target)
+    assert _names_on_disk(store, d) == []
+    # An existing file is left untouched by a failed overwrite.
+    store.write_bytes(target, b"good")
+    with pytest.raises(RuntimeError):
+        with store.atomic_writer(target) as f:
+            f.write(b"bad")
+            raise RuntimeError("boom")
+    assert store.read_bytes(target) == b"good"
+    assert _names_on_disk(store, d) == ["epoch-00001.pt"]
+
+
+def test_atomic_writer_invisible_until_done(store):
+    target = store.join(store.prefix_path, "x", "file.bin")
+    with store.atomic_writer(target) as f:
+        f.write(b"partial")
+        assert not store.exists(target)
+        assert store.listdir(store.join(store.prefix_path, "x")) == []  # temp hidden
+    assert store.read_bytes(target) == b"partial"
+    assert _names_on_disk(store, store.join(store.prefix_path, "x")) == ["file.bin"]
+
+
+def test_list_checkpoints_ignores_temp_and_other_files(store):
+    assert store.list_checkpoints("run") == []
+    for epoch in (10, 2, 1):
+        store.write_bytes(store.get_checkpoint_file("run", epoch), b"c")
+    d = store.get_checkpoint_path("run")
+    store.write_bytes(store.join(d, "epoch-7.pt"), b"c")  # unpadded names count too
+    store.write_bytes(store.join(d, "notes.txt"), b"x")
+    store.write_bytes(store.join(d, "epoch-x.pt"), b"x")
+    # A half-written checkpoint of a crashed writer: a temp file next to the targets.
+    with store.filesystem.open_output_stream(store.fs_path(d) + "/.epoch-00011.pt.tmp-abc") as f:
+        f.write(b"half")
+    assert [e for e, _ in store.list_checkpoints("run")] == [1, 2, 7, 10]
+    assert store.list_checkpoints("run")[-1][1] == store.get_checkpoint_file("run", 10)
+
+
+def test_pickle_round_trip(store):
+    store.write_bytes(store.join(store.prefix_path, "a"), b"1")
+    assert store.filesystem is not None  # built: must not be pickled
+    clone = pickle.loads(pickle.dumps(store))
+    assert clone == store and clone._fs is None
+    assert clone.get_data_path("k") == store.get_data_path("k")
+    assert clone.read_bytes(store.join(store.prefix_path, "a")) == b"1"
+
+
+def test_filesystem_types(tmp_path):
+    assert isinstance(LocalStore(str(tmp_path)).filesystem, pafs.LocalFileSystem)
+    fs = FilesystemStore("memory://x").filesystem
+    assert isinstance(fs, pafs.PyFileSystem) and isinstance(fs.handler, pafs.FSSpecHandler)
+    assert FilesystemStore(f"file://{tmp_path}").fs_path(f"file://{tmp_path}/a/b") == \
+        f"{tmp_path}/a/b"
+
+
+def test_storage_options_travel_with_pickle():
+    s = FilesystemStore("memory://opts", skip_instance_cache=True)
+    assert pickle.loads(pickle.dumps(s))._storage_options == {"skip_instance_cache": True}
+
+
+def test_unknown_protocol_is_a_clear_error():
+    with pytest.raises(ValueError, match="unknown filesystem protocol 'nosuchfs'"):
+        Store.create("nosuchfs://bucket/x")
+
+
+def test_missing_fsspec_implementation_names_the_package():
+    pytest.importorskip("fsspec")
+    try:
+        import s3fs  # noqa: F401
+        pytest.skip("s3fs is installed")
+    except ImportError:
+        pass
+    with pytest.raises(ImportError, match="pip install s3fs"):
+        Store.create("s3://bucket/prefix")
+
+
+def test_hdfs_store_without_hadoop_is_a_clear_error(monkeypatch, tmp_path):
+    for var in ("HADOOP_HOME", "ARROW_LIBHDFS_DIR", "CLASSPATH", "JAVA_HOME"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path))  # no hadoop, no java
+    monkeypatch.setattr("ctypes.util.find_library", lambda name: None)
+    with pytest.raises(RuntimeError) as e:
+        Store.create("hdfs://namenode:8020/user/me")
+    msg = str(e.value)
+    assert "JAVA_HOME" in msg and "libhdfs" in msg and "CLASSPATH" in msg
+
+
+def test_hdfs_store_paths(monkeypatch):
+    monkeypatch.setattr("spark_hvd.estimators.store.hdfs_environment_problems", lambda: [])
+    s = HDFSStore("hdfs://nn:8020/user/me")
+    assert (s._host, s._port) == ("nn", 8020)
+    assert s.fs_path(s.get_data_path("k")) == "/user/me/intermediate/k"
+    assert pickle.loads(pickle.dumps(s)) == s
+    with pytest.raises(ValueError):
+        HDFSStore("/not/hdfs")
