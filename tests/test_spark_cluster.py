@@ -5,6 +5,7 @@
   with Spark's ``sbin/spark-daemon.sh`` and stopped at the end of the test whatever happens:
   four ranks, two per executor (local_size 2, cross_size 2).
 - The documented example, ``spark-submit --master local[2] examples/spark/torch_run.py``.
+- The TorchEstimator example with ``python`` and through spark-submit on the standalone cluster.
 
 Each application runs with a timeout that kills everything it started.
 """
@@ -205,3 +206,42 @@ def test_torch_example_with_spark_submit_local(tmp_path):
     assert final and final[0].endswith("ranks=2"), result.stdout[-3000:]
     assert float(final[0].split("=")[1].split()[0]) > 0.5, result.stdout[-3000:]
     assert "[0]<stdout>: epoch 2:" in result.stdout
+
+
+ESTIMATOR_EXAMPLE = REPO / "examples" / "spark" / "torch_estimator_mnist.py"
+
+
+def _check_estimator_example(result: subprocess.CompletedProcess) -> None:
+    assert result.returncode == 0, f"{result.stdout[-5000:]}\n{result.stderr[-8000:]}"
+    out = result.stdout
+    assert "Epoch 2/2 - accuracy:" in out, out[-3000:]
+    accuracy = [float(line.split()[-1]) for line in out.splitlines()
+                if line.startswith("test accuracy:")]
+    assert accuracy and accuracy[0] > 0.6, out[-3000:]
+    assert "reloaded from" in out, out[-3000:]
+
+
+def test_torch_estimator_example_with_python(tmp_path):
+    pytest.importorskip("torch")
+    result = _run([sys.executable, ESTIMATOR_EXAMPLE, "--rows", "3000", "--epochs", "2",
+                   "--store", tmp_path / "store"], _env(tmp_path), timeout=360)
+    _check_estimator_example(result)
+
+
+def test_torch_estimator_example_on_a_standalone_cluster(tmp_path):
+    pytest.importorskip("torch")
+    cluster = StandaloneCluster(tmp_path)
+    try:
+        cluster.start()
+        args = _submit_args(cluster.url, tmp_path, "spark.executor.cores=1", "spark.cores.max=2",
+                            "spark.executor.memory=512m")
+        result = _run(args + [ESTIMATOR_EXAMPLE, "--rows", "3000", "--epochs", "2", "--store",
+                              tmp_path / "store"], cluster.env, timeout=360)
+        try:
+            _check_estimator_example(result)
+        except AssertionError:
+            print(cluster.logs())
+            raise
+    finally:
+        cluster.stop()
+    assert alive_pids(cluster.pids(), timeout=1) == []
