@@ -38,6 +38,9 @@ def arrow_to_numpy(array, shape, dtype, column: str) -> np.ndarray:
     while pa.types.is_list(array.type) or pa.types.is_large_list(array.type) or \
             pa.types.is_fixed_size_list(array.type):
         array = array.flatten()
+        if array.null_count:
+            raise ValueError(f"column {column!r} has null values inside its arrays; fill or "
+                             "drop them before transform")
     values = array.to_numpy(zero_copy_only=False).astype(dtype, copy=False)
     if values.size != rows * int(np.prod(shape or [1])):
         raise ValueError(f"column {column!r}: expected {list(shape)} values per row (the shape "

@@ -1,0 +1,84 @@
+"""Estimator pieces that need no Spark job: progress rendering, Param accessors, batch
+reshaping and Arrow conversion."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import numpy as np
+import pytest
+
+pytest.importorskip("pyspark")
+pa = pytest.importorskip("pyarrow")
+
+from spark_hvd.estimators import _progress  # noqa: E402
+from spark_hvd.estimators._transform import arrow_to_numpy, reshape_batch  # noqa: E402
+
+
+def _event(kind, **fields):
+    return f"[0]<stdout>: {_progress.MARKER}{json.dumps({'event': kind, **fields})}\n"
+
+
+def test_progress_sink_prints_one_line_per_epoch_and_passes_other_output():
+    out = io.StringIO()
+    sink = _progress.ProgressSink(out, verbose=1)
+    sink.write("[1]<stdout>: a user print\n")
+    sink.write(_event("epoch_start", epoch=0, epochs=2, steps=3))
+    sink.write(_event("step", steps=1, loss=0.5))
+    sink.write(_event("epoch_end", epoch=0, epochs=2, metrics={"loss": 0.25, "val_loss": 0.5},
+                      rows_per_second=1234.0))
+    lines = out.getvalue().splitlines()
+    assert lines == ["[1]<stdout>: a user print",
+                     "Epoch 1/2 - loss: 0.2500 - val_loss: 0.5000 - 1,234 rows/s"]
+    assert sink.epochs_seen[0]["metrics"]["loss"] == 0.25
+
+
+def test_progress_sink_verbose_levels():
+    quiet = io.StringIO()
+    sink = _progress.ProgressSink(quiet, verbose=0)
+    sink.write("[0]<stdout>: hidden\n[0]<stderr>: a warning\n")
+    sink.write(_event("epoch_end", epoch=0, epochs=1, metrics={"loss": 1.0}))
+    assert quiet.getvalue() == "[0]<stderr>: a warning\n"
+
+    bar = io.StringIO()
+    sink = _progress.ProgressSink(bar, verbose=2)
+    sink.write(_event("epoch_start", epoch=0, epochs=1, steps=4))
+    for _ in range(4):
+        sink.write(_event("step", steps=1, loss=0.75))
+    sink.write(_event("epoch_end", epoch=0, epochs=1, metrics={"loss": 0.75}))
+    sink.close()
+    text = bar.getvalue()
+    assert "4/4" in text and "loss=0.7500" in text          # the tqdm bar
+    assert "Epoch 1/1 - loss: 0.7500" in text
+
+
+def test_param_accessors_and_unknown_keywords():
+    torch = pytest.importorskip("torch")
+    from spark_hvd.estimators import TorchEstimator
+    est = TorchEstimator(batch_size=7, feature_cols="x")
+    assert est.getBatchSize() == 7 and est.getFeatureCols() == ["x"]
+    assert est.setEpochs(3) is est and est.getEpochs() == 3
+    assert est.getScaleLearningRate() is False and est.getReader() == "arrow"
+    with pytest.raises(TypeError, match="unknown parameter.*'batchsize'"):
+        TorchEstimator(batchsize=7)
+    assert torch is not None
+
+
+def test_reshape_batch():
+    x = np.arange(12, dtype=np.float32).reshape(2, 6)
+    assert reshape_batch(x, [-1, 2, 3]).shape == (2, 2, 3)
+    assert reshape_batch(x, [3, 2]).shape == (2, 3, 2)
+    assert reshape_batch(x, None) is x
+
+
+def test_arrow_to_numpy():
+    nested = pa.array([[[1.0, 2.0], [3.0, 4.0]], [[5.0, 6.0], [7.0, 8.0]]])
+    out = arrow_to_numpy(nested, [2, 2], "float32", "grid")
+    assert out.dtype == np.float32 and out.shape == (2, 2, 2) and out[1, 1, 0] == 7.0
+    with pytest.raises(ValueError, match="'grid'.*null"):
+        arrow_to_numpy(pa.array([[1.0, 2.0], None]), [2], "float32", "grid")
+    with pytest.raises(ValueError, match="expected \\[3\\] values per row"):
+        arrow_to_numpy(pa.array([[1.0, 2.0], [3.0, 4.0]]), [3], "float32", "v")
+    with pytest.raises(ValueError, match="'v' has null values inside"):
+        arrow_to_numpy(pa.array([[1.0, None], [3.0, 4.0]]), [2], "float32", "v")
