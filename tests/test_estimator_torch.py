@@ -166,7 +166,9 @@ def test_two_inputs_two_outputs_and_output_cols(spark, tmp_path):
                      grid.tolist(), float(vec[0] - vec[2]), float(grid.sum())))
     df = spark.createDataFrame(rows, ["vec", "grid", "y1", "y2"])
     model = estimator_fns.TwoInputs()
-    estimator = TorchEstimator(
+    logs = tmp_path / "callbacks"
+    logs.mkdir()
+    estimator = TorchEstimator(callbacks=[estimator_fns.RecordingCallback(str(logs))],
         num_proc=2, store=Store.create(str(tmp_path / "store")), model=model,
         optimizer=torch.optim.Adam(model.parameters(), lr=0.05),
         loss=[torch.nn.functional.mse_loss, torch.nn.functional.mse_loss],
@@ -178,6 +180,11 @@ def test_two_inputs_two_outputs_and_output_cols(spark, tmp_path):
     scored = fitted.transform(df).select("y1", "y2", "p1", "p2").toPandas()
     assert list(scored.columns) == ["y1", "y2", "p1", "p2"] and len(scored) == 256
     assert scored["p1"].dtype == np.float64
+    for rank in (0, 1):
+        seen = (logs / f"rank{rank}.log").read_text().splitlines()
+        assert seen[0].startswith("train_begin TwoInputs ") and seen[-1] == "train_end"
+        assert seen[1:-1] == ["epoch_begin 0", "epoch_end 0 ['loss']", "epoch_begin 1",
+                              "epoch_end 1 ['loss']"]
 
 
 def test_connect_session_fit_and_transform(connect, regression_df, tmp_path):

@@ -210,11 +210,14 @@ def train_on_rank(config, resume):
     train_reader, val_reader = _training.make_readers(config, rank, size)
     epochs = config["epochs"]
     reporter = _training.EpochReporter(rank, epochs, config["verbose"], history)
+    callbacks = config["callbacks"]
+    _training.call_hooks(callbacks, "on_train_begin", model=model, optimizer=optimizer)
     try:
         for epoch in range(start_epoch, epochs):
             model.train()
             steps = train_reader.steps_per_epoch
             reporter.start(epoch, steps)
+            _training.call_hooks(callbacks, "on_epoch_begin", epoch)
             sums = _training.MeanAccumulator()
             for step, batch in enumerate(train_reader.epoch(epoch)):
                 inputs, labels, weights = tensors(batch)
@@ -239,6 +242,7 @@ def train_on_rank(config, resume):
                                       val_reader.steps_per_epoch if val_reader else 0)
             rows = steps * config["batch_size"] * size
             reporter.end(epoch, averaged, rows)
+            _training.call_hooks(callbacks, "on_epoch_end", epoch, dict(averaged))
             if rank == 0:
                 state = {"epoch": epoch, "model": model.state_dict(),
                          "optimizer": optimizer.state_dict(), "history": reporter.history}
@@ -249,6 +253,7 @@ def train_on_rank(config, resume):
         train_reader.close()
         if val_reader is not None:
             val_reader.close()
+    _training.call_hooks(callbacks, "on_train_end")
     if rank != 0:
         return None
     buffer = bytes_io(b"")

@@ -39,6 +39,14 @@ def make_readers(config: dict, rank: int, size: int):
     return train, val
 
 
+def call_hooks(callbacks, hook: str, *args, **kwargs) -> None:
+    """Calls ``hook`` on every callback that has it (callbacks run on every rank)."""
+    for callback in callbacks or ():
+        method = getattr(callback, hook, None)
+        if method is not None:
+            method(*args, **kwargs)
+
+
 def cpu_threads_per_rank() -> int:
     """Cores of this machine shared fairly by the ranks on it (no oversubscription)."""
     local_size = int(os.environ.get("SPARK_HVD_LOCAL_SIZE", "1") or 1)

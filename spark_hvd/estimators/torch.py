@@ -66,7 +66,10 @@ class TorchEstimator(DistributedEstimator):
     ``optimizer`` a ``torch.optim.Optimizer`` built on its parameters; ``loss`` a function
     ``loss(output, label)`` (e.g. ``torch.nn.functional.mse_loss``) or ``nn.Module`` loss, or
     a list of them for several labels (combined with ``loss_weights``); ``metrics`` functions
-    ``metric(output, label) -> tensor``. ``fit`` returns a :class:`TorchModel`.
+    ``metric(output, label) -> tensor``; ``callbacks`` objects with any of the methods
+    ``on_train_begin(model=, optimizer=)``, ``on_epoch_begin(epoch)``,
+    ``on_epoch_end(epoch, metrics)`` (the rank-averaged metrics) and ``on_train_end()``, called
+    on every rank. ``fit`` returns a :class:`TorchModel`.
     """
 
     _run_prefix = "torch"

@@ -55,3 +55,27 @@ def killing_minibatch(marker_dir, kill_epoch):
             os.kill(os.getpid(), signal.SIGKILL)
         return outputs, loss
     return minibatch
+
+
+class RecordingCallback:
+    """Writes what it saw on each rank to ``<directory>/rank<r>.log``."""
+
+    def __init__(self, directory):
+        self.directory = directory
+
+    def _log(self, text):
+        import spark_hvd.torch as hvd
+        with open(os.path.join(self.directory, f"rank{hvd.rank()}.log"), "a") as f:
+            f.write(text + "\n")
+
+    def on_train_begin(self, model, optimizer):
+        self._log(f"train_begin {type(model).__name__} {type(optimizer).__name__}")
+
+    def on_epoch_begin(self, epoch):
+        self._log(f"epoch_begin {epoch}")
+
+    def on_epoch_end(self, epoch, metrics):
+        self._log(f"epoch_end {epoch} {sorted(metrics)}")
+
+    def on_train_end(self):
+        self._log("train_end")
