@@ -1,9 +1,11 @@
 #!/usr/bin/env python3
-"""Data-parallel training throughput: spark_hvd's DistributedOptimizer vs torch DDP (gloo).
+"""Data-parallel training throughput: spark_hvd's DistributedOptimizer vs torch DDP (gloo),
+and spark_hvd.keras' DistributedOptimizer in Keras 3's ``model.fit``.
 
     .venv/bin/python benchmarks/scaling.py             # 3 rounds, about 5 minutes on 2 cores
     .venv/bin/python benchmarks/scaling.py --quick     # 1 round, about 1.5 minutes
     .venv/bin/python benchmarks/scaling.py --models mlp --rounds 5 --json /tmp/scaling.json
+    .venv/bin/python benchmarks/scaling.py --models keras_mlp      # Keras 3 (TensorFlow)
 
 Two CPU models, one torch thread per rank, the same per-rank batch at every size (weak
 scaling), SGD with momentum:
@@ -28,6 +30,18 @@ Two views of scaling efficiency:
     2-rank throughput against the same two processes training without communication.
 DistributedOptimizer overhead at 1 rank = 1 - dist / local inside the x1 job. The 1-minute load
 average is printed: above ~1.5 on 2 cores other processes competed for the CPUs.
+
+Keras models (``--models keras_mlp``; Keras 3 on TensorFlow, one intra- and one inter-op thread
+per rank, ``jit_compile=False``), the same architecture as the torch model of the same name:
+  keras_mlp  784-1024-1024-1024-10, batch 128;   keras_cnn  the cnn above, batch 32
+Jobs: keras x1 / keras x2 (spark-hvd-run -np 1 / 2). The twins are compiled Keras models,
+"local" with a plain ``keras.optimizers.SGD(0.01, momentum=0.9)`` and "dist" with
+``spark_hvd.keras.DistributedOptimizer`` of the same; each repetition is one ``model.fit`` call
+on an in-memory ``tf.data`` dataset (one fixed batch, repeated) with ``steps_per_epoch=N+2``.
+A callback times steps 1..N (from the start of step 1 to the start of step N+1), so fit's
+per-call set-up and tear-down and the first step (where the ranks of the dist twin meet after
+the barrier) are excluded, for both twins alike; each rank times itself and the slowest rank's
+time counts (the maximum over ranks), as the torch jobs' closing barrier does.
 """
 
 import argparse
@@ -43,12 +57,23 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 MARK = "@@SCALING "
-MODELS = ("cnn", "mlp")
-CONFIGS = ("hvd1", "hvd1hooks", "hvd2", "ddp1", "ddp2")
+MODELS = ("cnn", "mlp")  # the default: torch models
+KERAS_MODELS = ("keras_mlp", "keras_cnn")
+CONFIGS = ("hvd1", "hvd1hooks", "hvd2", "ddp1", "ddp2")  # jobs for torch models
+KERAS_CONFIGS = ("keras1", "keras2")  # jobs for Keras models
 LABEL = {"hvd1": "hvd x1", "hvd1hooks": "hvd x1 hooks", "hvd2": "hvd x2", "ddp1": "ddp x1",
-         "ddp2": "ddp x2"}
+         "ddp2": "ddp x2", "keras1": "keras x1", "keras2": "keras x2"}
 TARGET_EFFICIENCY = 0.90
 TARGET_OVERHEAD = 0.05
+
+
+def is_keras(model):
+    return model.startswith("keras_")
+
+
+def config_models(config, models):
+    """The models a job trains: Keras jobs the Keras models, the others the torch ones."""
+    return [m for m in models if is_keras(m) == config.startswith("keras")]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -83,6 +108,8 @@ def build(name):
 
 
 def worker(args):
+    if args.worker == "keras":
+        return keras_worker(args)
     import torch
     import torch.nn.functional as F
 
@@ -150,6 +177,107 @@ def worker(args):
         dist.destroy_process_group()
 
 
+def build_keras(name):
+    """The Keras twin of the torch model ``name[len("keras_"):]`` (same layers and sizes)."""
+    import keras
+    from keras import layers
+
+    if name == "keras_cnn":
+        def block(filters):
+            return [layers.Conv2D(filters, 3, padding="same"), layers.BatchNormalization(),
+                    layers.ReLU()]
+        return keras.Sequential(
+            [keras.Input((32, 32, 3))] + block(32) + [layers.MaxPooling2D(2)] + block(64)
+            + [layers.MaxPooling2D(2)] + block(96)
+            + [layers.GlobalAveragePooling2D(), layers.Dense(128, activation="relu"),
+               layers.Dense(10)]), (32, 32, 32, 3), 32
+    if name != "keras_mlp":
+        raise SystemExit(f"unknown Keras model {name!r}; choose from {', '.join(KERAS_MODELS)}")
+    return keras.Sequential(
+        [keras.Input((784,))] + [layers.Dense(1024, activation="relu") for _ in range(3)]
+        + [layers.Dense(10)]), (128, 784), 128
+
+
+def keras_worker(args):
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+    import numpy as np
+    import tensorflow as tf
+
+    tf.config.threading.set_intra_op_parallelism_threads(1)
+    tf.config.threading.set_inter_op_parallelism_threads(1)
+    import keras
+
+    import spark_hvd.keras as hvd
+
+    hvd.init()
+    rank, size = hvd.rank(), hvd.size()
+    n = args.steps
+
+    class StepTimer(keras.callbacks.Callback):
+        """Times steps 1..n of a fit of n + 2 steps (batch-begin hooks only, so Keras keeps
+        dispatching its end-of-batch work asynchronously, as in a plain fit)."""
+
+        def on_train_batch_begin(self, batch, logs=None):
+            if batch == 1:
+                self.t0, self.c0 = time.perf_counter(), time.process_time()
+            elif batch == n + 1:
+                self.t1, self.c1 = time.perf_counter(), time.process_time()
+
+    results = {}
+    for name in args.models.split(","):
+        fits = {}
+        for kind in ("local", "dist"):
+            keras.utils.set_random_seed(0)
+            model, shape, batch = build_keras(name)
+            opt = keras.optimizers.SGD(0.01, momentum=0.9)
+            if kind == "dist":
+                opt = hvd.DistributedOptimizer(opt)
+            model.compile(optimizer=opt, jit_compile=False,
+                          loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+            if kind == "dist":
+                hvd.broadcast_variables(model.variables, root_rank=0)
+            rng = np.random.default_rng(rank)
+            x = rng.standard_normal(shape, dtype=np.float32)
+            y = rng.integers(0, 10, size=(batch,)).astype(np.int64)
+            data = tf.data.Dataset.from_tensors((x, y)).repeat()
+            timer = StepTimer()
+
+            def fit(model=model, data=data, timer=timer, steps=n + 2):
+                model.fit(data, steps_per_epoch=steps, epochs=1, verbose=0, callbacks=[timer])
+                return timer.t1 - timer.t0, timer.c1 - timer.c0
+            fits[kind] = fit
+            model.fit(data, steps_per_epoch=max(args.warmup, 1), epochs=1, verbose=0)
+        wall = {"local": [], "dist": []}
+        cpu = {"local": [], "dist": []}
+        call = {"local": [], "dist": []}
+        for rep in range(args.reps):
+            for kind in (("local", "dist") if rep % 2 == 0 else ("dist", "local")):
+                hvd.barrier()
+                t0 = time.perf_counter()
+                elapsed, cpu_s = fits[kind]()
+                call[kind].append(time.perf_counter() - t0)
+                wall[kind].append(elapsed)
+                cpu[kind].append(cpu_s / n * 1e3)
+        # The slowest rank's time of every repetition (one collective, after the timing).
+        slowest = hvd.allreduce(np.array(wall["local"] + wall["dist"]), op=hvd.Max,
+                                name=f"scaling.{name}.times").numpy().tolist()
+        times = {"local": slowest[:args.reps], "dist": slowest[args.reps:]}
+        results[name] = {}
+        for kind, ts in times.items():
+            rates = [size * batch * n / t for t in ts]
+            results[name][kind] = {
+                "median": statistics.median(rates), "best": max(rates), "reps": rates,
+                "cpu_ms_per_step": statistics.median(cpu[kind]),
+                # fit's per-call cost outside the n timed steps (set-up, 2 untimed steps,
+                # tear-down), rank 0, ms: reported, not counted
+                "fit_call_extra_ms": statistics.median(
+                    (c - w) * 1e3 for c, w in zip(call[kind], wall[kind]))}
+    if rank == 0:
+        print(MARK + json.dumps({"size": size, "results": results}), flush=True)
+    hvd.shutdown()
+
+
 # ---------------------------------------------------------------------------------------------
 # Driver
 
@@ -165,7 +293,8 @@ def launcher():
 
 
 def commands(config, args):
-    me = [sys.executable, os.path.abspath(__file__), "--models", ",".join(args.models),
+    me = [sys.executable, os.path.abspath(__file__), "--models",
+          ",".join(config_models(config, args.models)),
           "--warmup", str(args.warmup), "--reps", str(args.reps), "--steps", str(args.steps)]
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1",
                PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
@@ -173,6 +302,8 @@ def commands(config, args):
         if k.startswith(("SPARK_HVD_", "HOROVOD_")):
             del env[k]
     n = 2 if config.endswith("2") else 1
+    if config.startswith("keras"):
+        return [launcher() + ["-np", str(n)] + me + ["--worker", "keras"]], env
     if config.startswith("hvd"):
         if config == "hvd1hooks":
             env["SPARK_HVD_ELASTIC"] = "1"
@@ -219,7 +350,9 @@ def main():
     ap.add_argument("--quick", action="store_true", help="1 round, fewer repetitions")
     ap.add_argument("--rounds", type=int, default=None, help="default 3 (1 with --quick)")
     ap.add_argument("--models", default=",".join(MODELS))
-    ap.add_argument("--configs", default=",".join(CONFIGS))
+    ap.add_argument("--configs", default=None,
+                    help=f"jobs to run (default: {','.join(CONFIGS)} for torch models, "
+                         f"{','.join(KERAS_CONFIGS)} for Keras models)")
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--reps", type=int, default=None,
                     help="timed repetitions of each twin (default 6; 3 with --quick)")
@@ -228,7 +361,7 @@ def main():
     ap.add_argument("--json", default=None, help="write every measurement to this file")
     ap.add_argument("--strict", action="store_true", help="exit 1 when a target FAILs")
     # worker mode
-    ap.add_argument("--worker", choices=("hvd", "ddp"), help=argparse.SUPPRESS)
+    ap.add_argument("--worker", choices=("hvd", "ddp", "keras"), help=argparse.SUPPRESS)
     ap.add_argument("--rank", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--size", type=int, default=1, help=argparse.SUPPRESS)
     ap.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
@@ -238,7 +371,12 @@ def main():
     if args.worker:
         return worker(args)
     args.models = [m for m in args.models.split(",") if m]
-    configs = [c for c in args.configs.split(",") if c]
+    if args.configs is None:
+        configs = (list(CONFIGS) if any(not is_keras(m) for m in args.models) else []) + \
+            (list(KERAS_CONFIGS) if any(is_keras(m) for m in args.models) else [])
+    else:
+        configs = [c for c in args.configs.split(",") if c]
+    configs = [c for c in configs if config_models(c, args.models)]
     rounds = args.rounds or (1 if args.quick else 3)
 
     runs = {c: [] for c in configs}
@@ -268,6 +406,8 @@ def summarize(runs, models):
             continue
         out[config] = {}
         for m in models:
+            if m not in rounds[0]:
+                continue
             rs = [r[m] for r in rounds]
             out[config][m] = {
                 "dist": statistics.median(r["dist"]["median"] for r in rs),
@@ -277,6 +417,10 @@ def summarize(runs, models):
                 "cpu_dist": statistics.median(r["dist"]["cpu_ms_per_step"] for r in rs),
                 "cpu_local": statistics.median(r["local"]["cpu_ms_per_step"] for r in rs),
             }
+            if "fit_call_extra_ms" in rs[0]["dist"]:
+                for k in ("dist", "local"):
+                    out[config][m][f"fit_extra_{k}"] = statistics.median(
+                        r[k]["fit_call_extra_ms"] for r in rs)
     return out
 
 
@@ -289,21 +433,27 @@ def verdicts(stats, models):
     def line(ok, text):
         out.append(f"{'PASS' if ok else 'FAIL'} {text}")
     for m in models:
-        if get("hvd2", m, "dist") and get("hvd1", m, "dist"):
-            eff = get("hvd2", m, "dist") / (2 * get("hvd1", m, "dist"))
-            line(eff >= TARGET_EFFICIENCY, f"{m}: spark_hvd 2-rank efficiency across jobs "
+        if is_keras(m):
+            one, two, who, rival, overhead = "keras1", "keras2", "spark_hvd.keras", None, \
+                ("keras1",)
+        else:
+            one, two, who, rival, overhead = "hvd1", "hvd2", "spark_hvd", "ddp", \
+                ("hvd1", "hvd1hooks")
+        if get(two, m, "dist") and get(one, m, "dist"):
+            eff = get(two, m, "dist") / (2 * get(one, m, "dist"))
+            line(eff >= TARGET_EFFICIENCY, f"{m}: {who} 2-rank efficiency across jobs "
                  f"{eff:.1%} (target >= {TARGET_EFFICIENCY:.0%})")
-            if get("ddp2", m, "dist") and get("ddp1", m, "dist"):
+            if rival and get("ddp2", m, "dist") and get("ddp1", m, "dist"):
                 ddp = get("ddp2", m, "dist") / (2 * get("ddp1", m, "dist"))
                 line(eff >= ddp, f"{m}: across jobs, spark_hvd {eff:.1%} >= DDP {ddp:.1%}")
-        if get("hvd2", m, "ratio"):
-            eff = get("hvd2", m, "ratio")
-            line(eff >= TARGET_EFFICIENCY, f"{m}: spark_hvd 2-rank efficiency within the job "
+        if get(two, m, "ratio"):
+            eff = get(two, m, "ratio")
+            line(eff >= TARGET_EFFICIENCY, f"{m}: {who} 2-rank efficiency within the job "
                  f"{eff:.1%} (target >= {TARGET_EFFICIENCY:.0%})")
-            if get("ddp2", m, "ratio"):
+            if rival and get("ddp2", m, "ratio"):
                 ddp = get("ddp2", m, "ratio")
                 line(eff >= ddp, f"{m}: within the job, spark_hvd {eff:.1%} >= DDP {ddp:.1%}")
-        for c in ("hvd1", "hvd1hooks"):
+        for c in overhead:
             if get(c, m, "ratio"):
                 over = 1 - get(c, m, "ratio")
                 line(over <= TARGET_OVERHEAD, f"{m}: DistributedOptimizer overhead at 1 rank "
@@ -313,6 +463,9 @@ def verdicts(stats, models):
 
 def report(stats, loads, args, rounds, stats_rounds=None):
     configs = list(stats)
+
+    def has(c, m):
+        return m in stats.get(c, {})
     print(f"## Training throughput (samples/s over all ranks; median of {rounds} round(s), "
           f"{args.reps} x {args.steps} steps per twin and job)\n")
     print("| model | " + " | ".join(f"{LABEL[c]} dist | {LABEL[c]} local" for c in configs)
@@ -320,35 +473,52 @@ def report(stats, loads, args, rounds, stats_rounds=None):
     print("|---" * (2 * len(configs) + 1) + "|")
     for m in args.models:
         print(f"| {m} | " + " | ".join(f"{stats[c][m]['dist']:.0f} | {stats[c][m]['local']:.0f}"
-                                       for c in configs) + " |")
-    print("\n| model | hvd x2 / 2·hvd x1 | ddp x2 / 2·ddp x1 | no-communication ceiling "
-          "(local x2 / 2·local x1) | hvd x2 dist/local | ddp x2 dist/local | hvd x1 overhead | "
-          "hvd x1 hooks overhead | ddp x1 overhead |")
-    print("|---|---|---|---|---|---|---|---|---|")
-    for m in args.models:
-        def across(a, b):
-            if a in stats and b in stats:
-                return f"{stats[a][m]['dist'] / (2 * stats[b][m]['dist']):.1%}"
-            return "-"
+                                       if has(c, m) else "- | -" for c in configs) + " |")
 
-        def within(c, overhead=False):
-            if c not in stats:
-                return "-"
-            r = stats[c][m]["ratio"]
-            return f"{1 - r:+.1%}" if overhead else f"{r:.1%}"
-        ceiling = "-"
-        if "hvd2" in stats and "hvd1" in stats:
-            ceiling = f"{stats['hvd2'][m]['local'] / (2 * stats['hvd1'][m]['local']):.1%}"
-        print(f"| {m} | {across('hvd2', 'hvd1')} | {across('ddp2', 'ddp1')} | {ceiling} | "
-              f"{within('hvd2')} | {within('ddp2')} | {within('hvd1', True)} | "
-              f"{within('hvd1hooks', True)} | {within('ddp1', True)} |")
+    def across(m, a, b):
+        if has(a, m) and has(b, m):
+            return f"{stats[a][m]['dist'] / (2 * stats[b][m]['dist']):.1%}"
+        return "-"
+
+    def within(m, c, overhead=False):
+        if not has(c, m):
+            return "-"
+        r = stats[c][m]["ratio"]
+        return f"{1 - r:+.1%}" if overhead else f"{r:.1%}"
+
+    def ceiling(m, two, one):
+        if has(two, m) and has(one, m):
+            return f"{stats[two][m]['local'] / (2 * stats[one][m]['local']):.1%}"
+        return "-"
+    torch_models = [m for m in args.models if not is_keras(m)]
+    keras_models = [m for m in args.models if is_keras(m)]
+    if torch_models:
+        print("\n| model | hvd x2 / 2·hvd x1 | ddp x2 / 2·ddp x1 | no-communication ceiling "
+              "(local x2 / 2·local x1) | hvd x2 dist/local | ddp x2 dist/local | hvd x1 "
+              "overhead | hvd x1 hooks overhead | ddp x1 overhead |")
+        print("|---|---|---|---|---|---|---|---|---|")
+    for m in torch_models:
+        print(f"| {m} | {across(m, 'hvd2', 'hvd1')} | {across(m, 'ddp2', 'ddp1')} | "
+              f"{ceiling(m, 'hvd2', 'hvd1')} | {within(m, 'hvd2')} | {within(m, 'ddp2')} | "
+              f"{within(m, 'hvd1', True)} | {within(m, 'hvd1hooks', True)} | "
+              f"{within(m, 'ddp1', True)} |")
+    if keras_models:
+        print("\n| model | keras x2 / 2·keras x1 | no-communication ceiling (local x2 / 2·local "
+              "x1) | keras x2 dist/local | keras x1 overhead | fit's extra ms per call, x1 / "
+              "x2 (dist; not timed) |")
+        print("|---|---|---|---|---|---|")
+    for m in keras_models:
+        extra = " / ".join(f"{stats[c][m]['fit_extra_dist']:.0f}" if has(c, m) else "-"
+                           for c in ("keras1", "keras2"))
+        print(f"| {m} | {across(m, 'keras2', 'keras1')} | {ceiling(m, 'keras2', 'keras1')} | "
+              f"{within(m, 'keras2')} | {within(m, 'keras1', True)} | {extra} |")
     print("\nRank 0's CPU time per step, ms (all threads of the process, dist / local):\n")
     print("| model | " + " | ".join(LABEL[c] for c in configs) + " |")
     print("|---" * (len(configs) + 1) + "|")
     for m in args.models:
         print(f"| {m} | " + " | ".join(
-            f"{stats[c][m]['cpu_dist']:.1f} / {stats[c][m]['cpu_local']:.1f}" for c in configs)
-            + " |")
+            f"{stats[c][m]['cpu_dist']:.1f} / {stats[c][m]['cpu_local']:.1f}" if has(c, m)
+            else "-" for c in configs) + " |")
     if rounds > 1:
         print("\nPer round, dist/local within each job (load at the job's start):\n")
         print("| round | " + " | ".join(LABEL[c] for c in configs) + " |")
@@ -362,7 +532,7 @@ def report(stats, loads, args, rounds, stats_rounds=None):
                     cells.append("-")
                     continue
                 ratios = ", ".join(f"{m} {res[m]['dist']['median'] / res[m]['local']['median']:.0%}"
-                                   for m in args.models)
+                                   for m in args.models if m in res)
                 cells.append(f"{ratios} ({load_at[r]:.1f})" if r < len(load_at) else ratios)
             print(f"| {r + 1} | " + " | ".join(cells) + " |")
     lo = [f"{LABEL[c]} {a:.2f}->{b:.2f}" for c, a, b in loads]
