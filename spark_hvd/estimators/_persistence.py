@@ -70,7 +70,8 @@ class StageWriter(MLWriter):
         mode = "overwrite" if self.shouldOverwrite else "error"
         spark.createDataFrame([(metadata,)], schema="value string").coalesce(1) \
             .write.mode(mode).text(f"{path}/metadata")
-        payload = {"params": objects, "extra": self.instance._extra_state()}
+        payload = {"params": self.instance._pack_params(objects),
+                   "extra": self.instance._extra_state()}
         write_blob(spark, f"{path}/payload", cloudpickle.dumps(payload), self.shouldOverwrite)
 
 
@@ -91,7 +92,7 @@ class StageReader(MLReader):
         instance._resetUid(metadata["uid"])
         DefaultParamsReader.getAndSetParams(instance, metadata)
         payload = cloudpickle.loads(read_blob(spark, f"{path}/payload"))
-        instance._set(**payload["params"])
+        instance._set(**instance._unpack_params(payload["params"]))
         instance._restore_extra_state(payload["extra"])
         return instance
 
@@ -116,6 +117,15 @@ class Persistable(MLWritable, MLReadable):
     def load(cls, path: str):
         """Loads a stage saved with :meth:`save`."""
         return cls.read().load(path)
+
+    def _pack_params(self, params: dict) -> dict:
+        """The Params that go into the payload (not JSON), as they are pickled; a subclass
+        replaces values that cloudpickle would not carry faithfully (Keras models)."""
+        return params
+
+    def _unpack_params(self, params: dict) -> dict:
+        """The inverse of :meth:`_pack_params`, when the stage is loaded."""
+        return params
 
     def _extra_state(self):
         """State that is not a Param, saved with the stage (subclasses override)."""
