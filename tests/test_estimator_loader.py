@@ -434,6 +434,24 @@ def test_petastorm_path_with_fake_module(data, monkeypatch):
         with pytest.raises(ShardReadError, match="Petastorm returned 0 rows"):
             list(r.epoch(0))
 
+    # Real Petastorm leaves out fixed_size_list columns: a clear error, not a KeyError.
+    fake.lose_rows = False
+    real_make = fake.make_batch_reader
+
+    def without_arrays(urls, schema_fields, **kwargs):
+        reader = real_make(urls, schema_fields, **kwargs)
+        batches = list(reader)
+        first = batches[0]._asdict()
+        dropped = [n for n, v in first.items() if np.asarray(v).ndim > 1 or
+                   (np.asarray(v).dtype == object)]
+        assert dropped, "the test data should have an array column"
+        Slim = collections.namedtuple("Slim", [n for n in first if n not in dropped])
+        return iter([Slim(**{n: b._asdict()[n] for n in Slim._fields}) for b in batches])
+    module.make_batch_reader = without_arrays
+    with ShardReader(fs, path, meta, batch_size=4, reader="petastorm") as r:
+        with pytest.raises(ShardReadError, match="cannot read array or vector columns"):
+            list(r.epoch(0))
+
 
 def test_unknown_column(data):
     fs, path, meta = data

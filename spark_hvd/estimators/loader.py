@@ -505,6 +505,14 @@ class ShardReader:
             try:
                 for batch in reader:
                     fields = batch._asdict()
+                    missing = [n for n in names if n not in fields]
+                    if missing:
+                        # Petastorm 0.13 infers its schema from the Parquet files and drops
+                        # fixed_size_list columns (our array and vector encoding).
+                        raise ShardReadError(
+                            f"reader='petastorm' returned no column(s) {missing}: Petastorm's "
+                            "make_batch_reader cannot read array or vector columns of "
+                            "prepared data; use reader='arrow' (the default)")
                     data = {s.name: self._from_petastorm(fields[s.name], s) for s in self._specs}
                     got += len(data[names[0]])
                     yield data
