@@ -232,3 +232,21 @@ def connect(spark):
     session = ConnectSession.builder.remote(f"sc://127.0.0.1:{spark.connect_port}").getOrCreate()
     yield session
     session.stop()
+
+
+# The estimator tests' data: y = x·w + 0.25 + small noise on 4-vector features, with a per-row
+# weight and a validation flag (every 8th row).
+REGRESSION_W = [1.5, -2.0, 0.5, 3.0]
+
+
+@pytest.fixture(scope="session")
+def regression_df(spark):
+    import numpy as np
+    from pyspark.ml.linalg import Vectors
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(512, 4)).astype(np.float32)
+    y = x @ np.array(REGRESSION_W, dtype=np.float32) + 0.25 + \
+        rng.normal(0, 0.01, 512).astype(np.float32)
+    rows = [(Vectors.dense(xi.tolist()), float(yi), float(1 + i % 2), i % 8 == 0)
+            for i, (xi, yi) in enumerate(zip(x, y))]
+    return spark.createDataFrame(rows, ["features", "label", "weight", "is_val"])

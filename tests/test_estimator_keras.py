@@ -28,19 +28,7 @@ from spark_hvd.estimators._keras_remote import read_state  # noqa: E402
 cloudpickle.register_pickle_by_value(fns)
 pytestmark = pytest.mark.timeout(300)
 
-TRUE_W = np.array([1.5, -2.0, 0.5, 3.0], dtype=np.float32)
 CUSTOM = {"Scale": fns.Scale}
-
-
-@pytest.fixture(scope="module")
-def regression_df(spark):
-    from pyspark.ml.linalg import Vectors
-    rng = np.random.default_rng(0)
-    x = rng.normal(size=(512, 4)).astype(np.float32)
-    y = x @ TRUE_W + 0.25 + rng.normal(0, 0.01, 512).astype(np.float32)
-    rows = [(Vectors.dense(xi.tolist()), float(yi), float(1 + i % 2), i % 8 == 0)
-            for i, (xi, yi) in enumerate(zip(x, y))]
-    return spark.createDataFrame(rows, ["features", "label", "weight", "is_val"])
 
 
 def make_estimator(store, **overrides):

@@ -24,27 +24,10 @@ from spark_hvd.estimators import Store, TorchEstimator, TorchModel  # noqa: E402
 from spark_hvd.estimators._base import SparkBackend  # noqa: E402
 from spark_hvd.spark import RunError  # noqa: E402
 
+from conftest import REGRESSION_W as TRUE_W  # noqa: E402
+
 cloudpickle.register_pickle_by_value(estimator_fns)
 pytestmark = pytest.mark.timeout(300)
-
-TRUE_W = np.array([1.5, -2.0, 0.5, 3.0], dtype=np.float32)
-
-
-def regression_rows(n, seed=0):
-    rng = np.random.default_rng(seed)
-    x = rng.normal(size=(n, 4)).astype(np.float32)
-    y = x @ TRUE_W + 0.25 + rng.normal(0, 0.01, n).astype(np.float32)
-    return x, y
-
-
-@pytest.fixture(scope="module")
-def regression_df(spark):
-    from pyspark.ml.linalg import Vectors
-    x, y = regression_rows(512)
-    rows = [(Vectors.dense(xi.tolist()), float(yi), float(1 + i % 2), i % 8 == 0)
-            for i, (xi, yi) in enumerate(zip(x, y))]
-    return spark.createDataFrame(rows, ["features", "label", "weight", "is_val"])
-
 
 def make_estimator(store, **overrides):
     torch.manual_seed(0)        # the same initial weights for every estimator of these tests
