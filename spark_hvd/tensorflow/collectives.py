@@ -288,17 +288,22 @@ def _tensors(values):
 
 # -- the ops (lists in, lists out; not differentiable) --------------------------------------
 
+def _op_names(kind, name, set_id, grouped, count):
+    """(group name or None, tensor names): a grouped op negotiates ``count`` tensors named
+    ``<group>.<i>`` together; an ungrouped one is one named op."""
+    if not grouped:
+        return None, [op_name(kind, name, set_id)]
+    group = op_name(f"grouped_{kind}", name, set_id)
+    return group, [f"{group}.{i}" for i in range(count)]
+
+
 def allreduce_list(tensors, name, op, prescale_factor, postscale_factor, process_set, grouped):
     """Allreduce of each tensor; ``grouped`` negotiates them together."""
     tensors = _tensors(tensors)
     if not tensors:
         return []
     set_id = process_set_id(process_set)
-    if grouped:
-        group = op_name("grouped_allreduce", name, set_id)
-        names = [f"{group}.{i}" for i in range(len(tensors))]
-    else:
-        group, names = None, [op_name("allreduce", name, set_id)]
+    group, names = _op_names("allreduce", name, set_id, grouped, len(tensors))
     kernel = _allreduce_kernel(names, group, op, float(prescale_factor), float(postscale_factor),
                                set_id)
     return run_kernel(kernel, tensors, [t.dtype for t in tensors], [t.shape for t in tensors])
@@ -318,11 +323,7 @@ def allgather_list(tensors, name, process_set, grouped):
     if not tensors:
         return []
     set_id = process_set_id(process_set)
-    if grouped:
-        group = op_name("grouped_allgather", name, set_id)
-        names = [f"{group}.{i}" for i in range(len(tensors))]
-    else:
-        group, names = None, [op_name("allgather", name, set_id)]
+    group, names = _op_names("allgather", name, set_id, grouped, len(tensors))
     kernel = _gather_kernel(OP_ALLGATHER, names, group, set_id)
     return run_kernel(kernel, tensors, [t.dtype for t in tensors],
                       [_gathered_shape(t.shape) for t in tensors])
@@ -370,11 +371,7 @@ def reducescatter_list(tensors, name, op, process_set, prescale_factor, postscal
     if not tensors:
         return []
     set_id = process_set_id(process_set)
-    if grouped:
-        group = op_name("grouped_reducescatter", name, set_id)
-        names = [f"{group}.{i}" for i in range(len(tensors))]
-    else:
-        group, names = None, [op_name("reducescatter", name, set_id)]
+    group, names = _op_names("reducescatter", name, set_id, grouped, len(tensors))
     kernel = _gather_kernel(OP_REDUCESCATTER, names, group, set_id, op=op,
                             prescale=float(prescale_factor), postscale=float(postscale_factor))
     return run_kernel(kernel, tensors, [t.dtype for t in tensors],
