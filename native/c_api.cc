@@ -1,5 +1,6 @@
 // The extern "C" surface: argument checking, error translation, and the single process-wide
 // engine instance (init -> shutdown -> init again creates a fresh one).
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <mutex>
@@ -212,6 +213,7 @@ int32_t shvd_init(const shvd_init_options* o) {
     eo.cross_rank = o->cross_rank;
     eo.cross_size = o->cross_size;
     eo.job_id = mo.job_id;
+    eo.overlap = o->overlap;
     eo.coordinator.fusion_threshold_bytes = size_t(o->fusion_threshold_bytes);
     eo.coordinator.cycle_time_ms = o->cycle_time_ms;
     eo.coordinator.cache_capacity = size_t(o->cache_capacity);
@@ -366,6 +368,11 @@ int32_t shvd_enqueue_packed(const char* records, int64_t len, int32_t n, int64_t
   return shvd_enqueue(ops.data(), n, handles);
 }
 
+int64_t shvd_enqueue_record(const char* record, int64_t len) {
+  int64_t handle = 0;
+  return shvd_enqueue_packed(record, len, 1, &handle) == 0 ? handle : -1;
+}
+
 #define REQUIRE_HANDLE(e, s, h)                                                \
   REQUIRE_ENGINE(e);                                                           \
   auto s = e->handles().get(h);                                                \
@@ -373,7 +380,9 @@ int32_t shvd_enqueue_packed(const char* records, int64_t len, int32_t n, int64_t
 
 int32_t shvd_poll(int64_t handle) {
   REQUIRE_HANDLE(e, s, handle);
-  return s->done.load(std::memory_order_acquire) ? 1 : 0;
+  if (s->done.load(std::memory_order_acquire)) return 1;
+  e->request_flush();  // somebody wants this result: do not hold it back in a burst
+  return 0;
 }
 
 int32_t shvd_wait(int64_t handle) {
@@ -399,6 +408,8 @@ int32_t shvd_wait_release(const int64_t* handles, int32_t n) {
   }
   return kind ? fail(kind, error) : 0;
 }
+
+int32_t shvd_wait_release_one(int64_t handle) { return shvd_wait_release(&handle, 1); }
 
 int32_t shvd_output(int64_t handle, void** data, int64_t* nbytes) {
   REQUIRE_HANDLE(e, s, handle);

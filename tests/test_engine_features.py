@@ -20,8 +20,11 @@ from conftest import run_job
     (2, "tcp", {"SPARK_HVD_FUSION_THRESHOLD": "0"}),
     (3, "tcp", {"SPARK_HVD_CACHE_CAPACITY": "0"}),
     (2, "hosts", {"SPARK_HVD_CACHE_CAPACITY": "5", "SPARK_HVD_FUSION_THRESHOLD": "200"}),
+    (2, "shm", {"SPARK_HVD_OVERLAP": "1"}),
+    (3, "tcp", {"SPARK_HVD_OVERLAP": "0"}),
+    (2, "shm", {"SPARK_HVD_CYCLE_TIME": "0"}),
 ], ids=["shm-2", "shm-3-nofusion", "tcp-3", "tcp-2-nofusion", "tcp-3-nocache",
-        "hosts-2-tinycache-tinyfusion"])
+        "hosts-2-tinycache-tinyfusion", "shm-2-overlap", "tcp-3-defer", "shm-2-nocycle"])
 def test_fusion_and_cache(np_, transport, env):
     """120 small tensors of mixed dtypes/ops submitted asynchronously (odd ranks in reverse
     order) equal the one-by-one results bitwise and the NumPy reference; three rounds reuse the
@@ -32,6 +35,27 @@ def test_fusion_and_cache(np_, transport, env):
         assert r.field(0, "threshold") == env["SPARK_HVD_FUSION_THRESHOLD"]
     if "SPARK_HVD_CACHE_CAPACITY" in env:
         assert r.field(0, "cache") == env["SPARK_HVD_CACHE_CAPACITY"]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("overlap", ["1", "0"])
+@pytest.mark.parametrize("np_,transport", [(2, "shm"), (3, "tcp")])
+def test_progress_without_waiting(np_, transport, overlap):
+    """Async ops finish while every rank sleeps without waiting or polling, whether the engine
+    overlaps (runs collectives as soon as a burst pauses) or defers (collects until awaited,
+    capped at ten cycle times)."""
+    r = run_job(np_, "features", "progress", transport=transport,
+                env={"SPARK_HVD_OVERLAP": overlap}, timeout=50)
+    r.assert_ok(np_)
+    assert r.field(0, "overlap") == overlap
+
+
+def test_overlap_setting_is_checked():
+    """A bad SPARK_HVD_OVERLAP fails init with a message naming the variable."""
+    r = run_job(2, "features", "progress", transport="tcp",
+                env={"SPARK_HVD_OVERLAP": "sometimes"}, timeout=50)
+    assert r.returncode != 0
+    assert "SPARK_HVD_OVERLAP must be auto, 1 or 0" in r.stdout + r.stderr, r.describe()
 
 
 # -- re-init --------------------------------------------------------------------------------

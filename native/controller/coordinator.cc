@@ -101,7 +101,6 @@ void Coordinator::add_request(int rank, const Request& r) {
       p.by_rank.resize(world_size_);
       p.present.assign(world_size_, false);
       p.ready = true;
-      if (ready_.empty()) first_ready_time_ = Clock::now();
       ready_.push_back("__join__");
     }
     return;
@@ -134,7 +133,6 @@ void Coordinator::mark_ready_if_complete(const std::string& name, Pending& p) {
   }
   (void)blocked_by_shutdown;
   p.ready = true;
-  if (ready_.empty()) first_ready_time_ = Clock::now();
   ready_.push_back(name);
 }
 
@@ -171,10 +169,10 @@ Response Coordinator::build_response(const std::string& name, Pending& p) {
     resp.error = what;
     return resp;
   };
+  const auto tensor = [&name] { return "tensor '" + name + "'"; };  // for error messages
   auto by = [&](auto field) {
     return [&, field](int r) { return field(p.by_rank[r]); };
   };
-  const std::string tensor = "tensor '" + name + "'";  // for error messages
 
   // A rank that shut down can no longer take part.
   std::vector<int> gone;
@@ -183,7 +181,7 @@ Response Coordinator::build_response(const std::string& name, Pending& p) {
   if (!gone.empty()) {
     resp.error_is_mismatch = false;
     return fail("ranks " + ranks_str(gone) + " have shut down spark_hvd and cannot complete " +
-                op_type_name(first.op) + " of " + tensor);
+                op_type_name(first.op) + " of " + tensor());
   }
   // Fast path for the common case (every step of a training loop): identical requests need no
   // per-field diagnosis.
@@ -203,49 +201,49 @@ Response Coordinator::build_response(const std::string& name, Pending& p) {
   }
   std::string d;
   if (!uniform) d = disagreement(submitted, by([](const Request& q) { return std::string(op_type_name(q.op)); }));
-  if (!d.empty()) return fail("Mismatched collective operations for " + tensor + ": " + d);
+  if (!d.empty()) return fail("Mismatched collective operations for " + tensor() + ": " + d);
   if (!uniform) d = disagreement(submitted, by([](const Request& q) { return std::to_string(q.process_set); }));
-  if (!d.empty()) return fail("Mismatched process sets for " + tensor + ": " + d);
+  if (!d.empty()) return fail("Mismatched process sets for " + tensor() + ": " + d);
   if (first.op != OpType::kBarrier && first.op != OpType::kAddProcessSet &&
       first.op != OpType::kRemoveProcessSet) {
     if (!uniform) d = disagreement(submitted, by([](const Request& q) { return std::string(dtype_name(q.dtype)); }));
-    if (!d.empty()) return fail("Mismatched data types for " + tensor + ": " + d);
+    if (!d.empty()) return fail("Mismatched data types for " + tensor() + ": " + d);
   }
   if (!uniform) d = disagreement(submitted, by([](const Request& q) { return std::to_string(q.group_size) + " tensors in group '" + q.group + "'"; }));
-  if (!d.empty()) return fail("Mismatched grouped operation for " + tensor + ": " + d);
+  if (!d.empty()) return fail("Mismatched grouped operation for " + tensor() + ": " + d);
   if (!joined_.empty() && first.op != OpType::kAllreduce) {
-    return fail(std::string(op_type_name(first.op)) + " of " + tensor +
+    return fail(std::string(op_type_name(first.op)) + " of " + tensor() +
                 " is not supported while ranks " +
                 ranks_str(std::vector<int>(joined_.begin(), joined_.end())) +
                 " have joined; only allreduce continues after join()");
   }
-  const std::vector<int> members = sets_->members(first.process_set);
   switch (first.op) {
     case OpType::kAllreduce:
     case OpType::kReducescatter:
     case OpType::kBroadcast:
       if (!uniform) d = disagreement(submitted, by([](const Request& q) { return shape_str(q.shape); }));
-      if (!d.empty()) return fail("Mismatched shapes for " + tensor + " in " + op_type_name(first.op) + ": " + d);
+      if (!d.empty()) return fail("Mismatched shapes for " + tensor() + " in " + op_type_name(first.op) + ": " + d);
       if (first.op == OpType::kBroadcast) {
         if (!uniform) d = disagreement(submitted, by([](const Request& q) { return "root rank " + std::to_string(q.root); }));
-        if (!d.empty()) return fail("Mismatched root ranks for " + tensor + " in broadcast: " + d);
+        if (!d.empty()) return fail("Mismatched root ranks for " + tensor() + " in broadcast: " + d);
       } else {
         if (!uniform) d = disagreement(submitted, by([](const Request& q) {
           std::ostringstream s;
           s << "op " << reduce_op_name(q.reduce_op) << " prescale " << q.prescale << " postscale " << q.postscale;
           return s.str();
         }));
-        if (!d.empty()) return fail("Mismatched reduction for " + tensor + ": " + d);
+        if (!d.empty()) return fail("Mismatched reduction for " + tensor() + ": " + d);
       }
       break;
     case OpType::kAllgather:
     case OpType::kAlltoall: {
+      const std::vector<int> members = sets_->members(first.process_set);
       if (!uniform) d = disagreement(submitted, by([](const Request& q) {
         if (q.shape.empty()) return std::string("a scalar");
         return "trailing dims " + shape_str(std::vector<int64_t>(q.shape.begin() + 1, q.shape.end()));
       }));
       if (!d.empty())
-        return fail("Mismatched shapes for " + tensor + " in " + op_type_name(first.op) +
+        return fail("Mismatched shapes for " + tensor() + " in " + op_type_name(first.op) +
                     " (all dimensions but the first must agree): " + d);
       if (first.op == OpType::kAllgather) {
         for (int g : members) resp.first_dims.push_back(p.by_rank[g].shape.empty() ? 1 : p.by_rank[g].shape[0]);
@@ -253,7 +251,7 @@ Response Coordinator::build_response(const std::string& name, Pending& p) {
         for (int g : members) {
           const auto& s = p.by_rank[g].splits;
           if (s.size() != members.size())
-            return fail("Mismatched splits for " + tensor + " in alltoall: rank " + std::to_string(g) +
+            return fail("Mismatched splits for " + tensor() + " in alltoall: rank " + std::to_string(g) +
                         " gave " + std::to_string(s.size()) + " splits for a process set of " +
                         std::to_string(members.size()) + " ranks");
           resp.splits_matrix.insert(resp.splits_matrix.end(), s.begin(), s.end());
@@ -287,7 +285,11 @@ Response Coordinator::build_response(const std::string& name, Pending& p) {
       cache_by_name_[name] = uint32_t(cache_id);
     }
     if (cache_id >= 0)
-      for (int r : submitted) cache_[cache_id].second[r] = p.by_rank[r];
+      for (int r : submitted) {
+        Request& cached = cache_[cache_id].second[r];
+        if (!cached.same_params(p.by_rank[r]))
+          cached = p.by_rank[r];
+      }
   }
   resp.cache_ids = {cache_id};
   return resp;
@@ -301,21 +303,24 @@ size_t Coordinator::response_bytes(const Response& r) const {
 
 std::vector<Response> Coordinator::fuse(std::vector<Response> responses) const {
   std::vector<Response> out;
+  size_t last_bytes = 0;  // of out.back()
   for (auto& r : responses) {
+    const size_t bytes = response_bytes(r);
     if (!out.empty() && r.error.empty() && r.op == OpType::kAllreduce) {
       Response& last = out.back();
       if (last.error.empty() && last.op == OpType::kAllreduce && last.dtype == r.dtype &&
           last.reduce_op == r.reduce_op && last.prescale == r.prescale &&
           last.postscale == r.postscale && last.process_set == r.process_set &&
-          last.joined == r.joined &&
-          response_bytes(last) + response_bytes(r) <= options_.fusion_threshold_bytes) {
-        last.names.insert(last.names.end(), r.names.begin(), r.names.end());
-        last.shapes.insert(last.shapes.end(), r.shapes.begin(), r.shapes.end());
+          last.joined == r.joined && last_bytes + bytes <= options_.fusion_threshold_bytes) {
+        for (auto& n : r.names) last.names.push_back(std::move(n));
+        for (auto& s : r.shapes) last.shapes.push_back(std::move(s));
         last.cache_ids.insert(last.cache_ids.end(), r.cache_ids.begin(), r.cache_ids.end());
+        last_bytes += bytes;
         continue;
       }
     }
     out.push_back(std::move(r));
+    last_bytes = bytes;
   }
   return out;
 }
@@ -343,14 +348,9 @@ bool Coordinator::fail_if_in_group(const std::string& name,
 }
 
 std::vector<Response> Coordinator::take_ready(Clock::time_point now) {
+  // No holding back for stragglers here: ranks already send a step's requests in bursts
+  // (Engine::in_burst_), and a rank that runs ahead would otherwise delay everyone's results.
   if (ready_.empty()) return {};
-  // Hold back briefly while other allreduces are partially submitted: they are likely the rest
-  // of this step's gradients and fusing them saves whole collectives.
-  bool stragglers = false;
-  for (const auto& kv : pending_)
-    if (!kv.second.ready && kv.second.count > 0) { stragglers = true; break; }
-  const auto window = std::chrono::duration<double, std::milli>(options_.cycle_time_ms);
-  if (stragglers && now - first_ready_time_ < window) return {};
 
   std::vector<Response> responses;
   std::deque<std::string> held;  // grouped tensors waiting for the rest of their group
@@ -400,17 +400,12 @@ std::vector<Response> Coordinator::take_ready(Clock::time_point now) {
     for (const auto& name : names) fail_if_in_group(name, failed_groups, &responses);
   }
   ready_ = std::move(held);
-  if (!ready_.empty()) first_ready_time_ = now;
   return fuse(std::move(responses));
 }
 
 Coordinator::Clock::time_point Coordinator::next_deadline(Clock::time_point now) const {
-  auto deadline = now + std::chrono::seconds(1);
-  if (!ready_.empty()) {
-    auto w = first_ready_time_ + std::chrono::microseconds(int64_t(options_.cycle_time_ms * 1000));
-    deadline = std::min(deadline, w);
-  }
-  return deadline;
+  // Ready tensors are answered at once; this only paces the stall inspector.
+  return now + std::chrono::seconds(1);
 }
 
 std::string Coordinator::inspect_stalls(Clock::time_point now,

@@ -19,7 +19,7 @@ namespace shvd {
 
 struct CoordinatorOptions {
   size_t fusion_threshold_bytes = 128u << 20;
-  double cycle_time_ms = 0.5;          // wait this long for stragglers to fuse with ready tensors
+  double cycle_time_ms = 0.5;          // a rank's burst window (Engine::in_burst_)
   size_t cache_capacity = 1024;        // response-cache entries (0 disables)
   double stall_warning_seconds = 60;   // <= 0 disables the stall inspector
   double stall_shutdown_seconds = 0;   // > 0: abort the job after this long
@@ -34,8 +34,7 @@ class Coordinator {
   // Incorporates one rank's batch (cached ids are resolved to the request they stand for).
   void add_batch(const RequestBatch& batch);
 
-  // Responses ready to execute now. Empty while waiting (up to the cycle time) for stragglers
-  // that could be fused with what is ready.
+  // Responses for every tensor that is ready on all members (fused where possible).
   std::vector<Response> take_ready(Clock::time_point now);
 
   // The latest time the engine should wake up again for take_ready / stall checks.
@@ -79,7 +78,6 @@ class Coordinator {
   CoordinatorOptions options_;
   std::unordered_map<std::string, Pending> pending_;
   std::deque<std::string> ready_;  // names in the order they became ready
-  Clock::time_point first_ready_time_{};
   std::set<int> joined_;
   int last_joined_ = -1;
   std::set<int> shut_down_;

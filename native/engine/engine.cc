@@ -1,6 +1,7 @@
 #include "engine.h"
 
 #include <poll.h>
+#include <sched.h>
 #include <sys/eventfd.h>
 #include <sys/prctl.h>
 #include <time.h>
@@ -15,18 +16,31 @@
 
 namespace shvd {
 
+namespace {
+// CPUs this process may run on (its affinity mask, which container CPU sets also narrow).
+int available_cpus() {
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof set, &set) != 0) return 1;
+  return CPU_COUNT(&set);
+}
+}  // namespace
+
 Engine::Engine(EngineOptions options, Mesh mesh, bool shared_memory)
     : options_(std::move(options)), mesh_(std::move(mesh)), shared_memory_(shared_memory) {
   sets_.reset(options_.size);
   for (const auto& ranks : options_.static_process_sets) sets_.add(ranks);
   if (options_.rank == 0)
     coordinator_ = std::make_unique<Coordinator>(options_.size, &sets_, options_.coordinator);
+  overlap_ = options_.overlap >= 0 ? options_.overlap != 0
+                                   : options_.local_size * 2 <= available_cpus();
   wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   control_inbox_.resize(options_.size);
   global_abort().reset();
+  handles_.set_wait_hook([this] { request_flush(); });
   thread_ = std::thread([this] {
     // Short sleeps must be short: the default 50 us timer slack would stretch them.
     prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);
+    prctl(PR_SET_NAME, "shvd-engine", 0, 0, 0);  // visible in top -H, perf, gdb
     loop();
   });
 }
@@ -56,6 +70,7 @@ std::vector<int64_t> Engine::enqueue(std::vector<Entry> entries) {
     ids.push_back(handles_.create(&e.state));
     queue_.push_back(std::move(e));
   }
+  last_enqueue_.store(Clock::now().time_since_epoch().count(), std::memory_order_relaxed);
   work_pending_.store(true);
   if (sleeping_.load()) {
     uint64_t one = 1;
@@ -151,10 +166,10 @@ const Communicator& Engine::communicator(int process_set) {
 void Engine::loop() {
   try {
     while (!finished_) {
-      wait_for_work();
+      const bool burst_over = wait_for_work();
       if (timeline_.active()) timeline_.cycle();
-      if (options_.rank == 0) run_coordinator();
-      else run_worker();
+      if (options_.rank == 0) run_coordinator(burst_over);
+      else run_worker(burst_over);
     }
   } catch (const std::exception& e) {
     abort_job(e.what());
@@ -173,15 +188,7 @@ void Engine::loop() {
   handles_.wake_waiters();
 }
 
-void Engine::wait_for_work() {
-  if (!unsent_.requests.empty() || !unsent_.cached.empty()) {
-    // A burst is being batched: give the submitting thread the core for a moment; the caller
-    // sends the batch if nothing new arrived meanwhile.
-    timespec ts{0, 15000};
-    nanosleep(&ts, nullptr);
-    work_pending_.store(false);
-    return;
-  }
+bool Engine::wait_for_work() {
   std::vector<pollfd> fds;
   fds.push_back({wake_fd_, POLLIN, 0});
   for (auto& link : mesh_.control)
@@ -190,6 +197,41 @@ void Engine::wait_for_work() {
   const nfds_t ncontrol = fds.size() - 1;
   auto deadline = Clock::now() + std::chrono::seconds(1);
   if (coordinator_) deadline = coordinator_->next_deadline(Clock::now());
+
+  if (in_burst_) {
+    // Sleep through the burst. The seq_cst pairs batching_/waiters() and
+    // batching_/flush_requested_ make sure a user thread that starts waiting either sees
+    // batching_ and wakes us, or is seen here.
+    batching_.store(true);
+    if (handles_.waiters() == 0 && !flush_requested_.load())
+      sleep_until(fds, std::min(deadline, burst_until_));
+    batching_.store(false);
+    drain_wake_fd(fds[0]);
+    bool shutdown;
+    {
+      std::lock_guard<std::mutex> lock(queue_mu_);
+      shutdown = shutdown_requested_;
+    }
+    const bool awaited = flush_requested_.exchange(false) || handles_.waiters() > 0;
+    const auto now = Clock::now();
+    if (!awaited && !shutdown) {
+      // A peer's message alone (a response to execute) does not end the burst: flushing on
+      // it would answer each response with a small batch, and fusion would fragment.
+      if (now < burst_until_) return false;
+      // The window ended. Keep collecting while the user still submits without a pause (or,
+      // deferring, until somebody waits), up to a cap, so a step's gradients go out as one
+      // batch instead of one per cycle.
+      const auto last_enqueue = Clock::time_point(Clock::duration(last_enqueue_.load()));
+      const bool submitting = now - last_enqueue < kSubmissionPause;
+      if ((submitting || !overlap_) && now - burst_started_ < kMaxBurstCycles * cycle_time()) {
+        burst_until_ = now + cycle_time();
+        return false;
+      }
+    }
+    in_burst_ = false;
+    work_pending_.store(false);
+    return true;
+  }
 
   // Spin while recently active: a sleep/wake pair costs more than a small collective.
   const auto spin_until =
@@ -203,20 +245,35 @@ void Engine::wait_for_work() {
     sleeping_.store(true);
     // Re-check after announcing sleep: an enqueue that missed the flag already set
     // work_pending_, one that saw it writes the eventfd.
-    if (!work_pending_.load()) {
-      auto wait = deadline - Clock::now();
-      int timeout_ms = int(std::max<int64_t>(
-          0, std::chrono::duration_cast<std::chrono::microseconds>(wait).count() + 999) / 1000);
-      poll(fds.data(), fds.size(), timeout_ms);
-    }
+    if (!work_pending_.load()) sleep_until(fds, deadline);
     sleeping_.store(false);
   }
-  if (fds[0].revents & POLLIN) {
+  drain_wake_fd(fds[0]);
+  work_pending_.store(false);
+  return false;
+}
+
+void Engine::drain_wake_fd(const pollfd& fd) {
+  if (fd.revents & POLLIN) {
     uint64_t v;
     ssize_t ignored = read(wake_fd_, &v, sizeof v);
     (void)ignored;
   }
-  work_pending_.store(false);
+}
+
+void Engine::sleep_until(std::vector<pollfd>& fds, Clock::time_point deadline) {
+  const auto wait = std::max<int64_t>(
+      0, std::chrono::duration_cast<std::chrono::nanoseconds>(deadline - Clock::now()).count());
+  timespec ts{time_t(wait / 1000000000), long(wait % 1000000000)};
+  ppoll(fds.data(), fds.size(), &ts, nullptr);
+}
+
+void Engine::request_flush() {
+  flush_requested_.store(true);
+  if (!batching_.load()) return;
+  uint64_t one = 1;
+  ssize_t ignored = write(wake_fd_, &one, sizeof one);
+  (void)ignored;
 }
 
 std::vector<Entry> Engine::take_queue() {
@@ -228,12 +285,19 @@ std::vector<Entry> Engine::take_queue() {
 }
 
 // Moves new local entries into the table and turns them into requests (cached ids where the
-// same request was answered before).
-void Engine::submit(std::vector<Entry> entries) {
+// same request was answered before); sends them when the burst is over (see in_burst_).
+void Engine::submit(std::vector<Entry> entries, bool burst_over) {
   RequestBatch& batch = unsent_;
   batch.rank = options_.rank;
-  if (!entries.empty() && batch.requests.empty() && batch.cached.empty())
-    unsent_since_ = Clock::now();
+  bool flush = burst_over;
+  if (!entries.empty() && !in_burst_) {
+    in_burst_ = true;
+    burst_started_ = last_activity_;
+    burst_until_ = burst_started_ + cycle_time();
+    // Overlapping, the first op after a pause goes out at once: latency-bound loops and the
+    // first gradient of a step do not wait for the window.
+    flush = flush || overlap_;
+  }
   for (Entry& e : entries) {
     const Request& req = e.request;
     if (timeline_.active()) timeline_.begin(req.name, "NEGOTIATE");
@@ -252,32 +316,23 @@ void Engine::submit(std::vector<Entry> entries) {
   if (shutdown && !shutdown_sent_) {
     batch.shutdown = true;
     shutdown_sent_ = true;
+    flush = true;
   }
-  flush_requests(entries.empty());
+  if (flush) flush_requests();
 }
 
-// Sends the unsent requests unless we are in the middle of a burst (see unsent_).
-void Engine::flush_requests(bool quiet) {
+void Engine::flush_requests() {
   RequestBatch& batch = unsent_;
   if (batch.requests.empty() && batch.cached.empty() && !batch.shutdown) return;
-  if (options_.rank == 0) {
+  if (options_.rank == 0)
     coordinator_->add_batch(batch);
-  } else {
-    const auto now = Clock::now();
-    const auto max_delay =
-        std::chrono::microseconds(int64_t(options_.coordinator.cycle_time_ms * 1000));
-    const bool after_pause = now - last_sent_ > std::chrono::microseconds(50);
-    if (!(quiet || after_pause || batch.shutdown || handles_.waiters() > 0 ||
-          now - unsent_since_ >= max_delay))
-      return;
+  else
     send_frame(mesh_.control[0].get(), encode(batch));
-    last_sent_ = now;
-  }
   batch = RequestBatch();
 }
 
-void Engine::run_coordinator() {
-  submit(take_queue());
+void Engine::run_coordinator(bool burst_over) {
+  submit(take_queue(), burst_over);
   for (int r = 1; r < options_.size; ++r) {
     for (const std::string& frame : read_frames(r)) {
       RequestBatch b = decode_request_batch(frame);
@@ -312,8 +367,8 @@ void Engine::run_coordinator() {
   if (batch.shutdown) finished_ = true;
 }
 
-void Engine::run_worker() {
-  submit(take_queue());
+void Engine::run_worker(bool burst_over) {
+  submit(take_queue(), burst_over);
   for (const std::string& frame : read_frames(0)) {
     ResponseBatch batch = decode_response_batch(frame);
     if (!batch.abort.empty()) throw PeerLostError(batch.abort);

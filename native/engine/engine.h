@@ -6,6 +6,8 @@
 // link, belongs to the engine thread.
 #pragma once
 
+#include <poll.h>
+
 #include <atomic>
 #include <chrono>
 #include <deque>
@@ -42,6 +44,8 @@ struct EngineOptions {
   // After activity the engine polls for this long before sleeping: back-to-back collectives
   // (a training step's gradients, latency-bound loops) then skip two thread wake-ups each.
   double spin_microseconds = 200;
+  // See Engine::overlap_. -1: decide from the host (off when ranks * 2 threads > CPUs).
+  int overlap = -1;
 };
 
 // One enqueued op as the engine keeps it until completion.
@@ -70,14 +74,23 @@ class Engine {
   // Coordinated shutdown: returns once every rank has shut down (or the job aborted).
   void shutdown();
 
+  // A user thread wants a result (it waits for or polls a handle): ends the current burst.
+  void request_flush();
+
  private:
   void loop();
-  void wait_for_work();
+  // Waits for local work, a peer's message or a deadline. True when it ended a burst (its
+  // requests are to be sent now).
+  bool wait_for_work();
+  void drain_wake_fd(const pollfd& fd);
   std::vector<Entry> take_queue();
-  void submit(std::vector<Entry> entries);
-  void flush_requests(bool quiet);
-  void run_coordinator();
-  void run_worker();
+  void submit(std::vector<Entry> entries, bool burst_over);
+  void flush_requests();
+  // Blocks in poll() on the wake eventfd and the control links until `deadline`.
+  void sleep_until(std::vector<pollfd>& fds, Clock::time_point deadline);
+
+  void run_coordinator(bool burst_over);
+  void run_worker(bool burst_over);
   void execute(const Response& response);
   void execute_response(const Response& response);
   void complete(Entry& entry, int error_kind = 0, const std::string& error = "");
@@ -117,19 +130,40 @@ class Engine {
   int wake_fd_ = -1;  // eventfd: enqueue/shutdown wake a sleeping engine thread
   // Set by enqueue; lets a spinning engine notice new work without a syscall.
   std::atomic<bool> work_pending_{false};
+  // Time of the latest enqueue (steady clock ticks): tells a burst that is still being filled.
+  std::atomic<Clock::rep> last_enqueue_{0};
   // True while the engine thread blocks in poll(): only then does enqueue pay for a wake-up.
   std::atomic<bool> sleeping_{false};
+  // True while the engine sleeps through a burst: only a waiting user thread wakes it then.
+  std::atomic<bool> batching_{false};
+  // Set when a user thread waits for or polls a result: ends the current burst.
+  std::atomic<bool> flush_requested_{false};
 
   // Engine thread only.
   std::unordered_map<std::string, Entry> table_;  // negotiating or waiting to execute
   std::unordered_map<std::string, std::pair<uint32_t, Request>> cache_;  // response cache
   Clock::time_point last_activity_{};
-  // Worker side batching of requests during a burst of submissions (a step's gradients):
-  // the first request after a pause goes out at once (latency), the rest of the burst is sent
-  // together once the submitting thread goes quiet, somebody waits, or the batch gets old.
+  // Requests taken from the queue and not yet sent to the coordinator.
   RequestBatch unsent_;
-  Clock::time_point unsent_since_{};
-  Clock::time_point last_sent_{};
+  // Bursts. Ops enqueued in quick succession (a step's gradients) are collected into one
+  // batch: while a burst is open the engine sleeps and further enqueues do not wake it. The
+  // burst ends, and its requests go to the coordinator, when a user thread waits for (or polls)
+  // a result, or when a cycle time passes without the user submitting (overlap_ on), at the
+  // latest after kMaxBurstCycles cycle times. Fewer, larger batches mean fewer negotiations
+  // and fused collectives, and no engine wake-up per tensor.
+  bool in_burst_ = false;
+  Clock::time_point burst_started_{};
+  Clock::time_point burst_until_{};
+  static constexpr std::chrono::microseconds kSubmissionPause{50};
+  static constexpr int kMaxBurstCycles = 10;
+  // True: run collectives while the user thread is still submitting (spare cores overlap them
+  // with its work). False: keep collecting until a result is awaited (or the cap): on a host
+  // with no spare core the engine would only preempt the threads it waits for.
+  bool overlap_ = true;
+  Clock::duration cycle_time() const {
+    return std::chrono::duration_cast<Clock::duration>(
+        std::chrono::duration<double, std::milli>(options_.coordinator.cycle_time_ms));
+  }
   bool shutdown_sent_ = false;
   bool finished_ = false;
   std::thread thread_;

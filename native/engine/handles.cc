@@ -38,6 +38,7 @@ void HandleTable::wake_waiters() {
 void HandleTable::wait(const std::shared_ptr<HandleState>& state) {
   if (state->done.load(std::memory_order_acquire)) return;
   waiters_.fetch_add(1);
+  if (wait_hook_) wait_hook_();
   // Spin briefly (yielding, so the engine thread gets the core on a small machine) before
   // sleeping on the condition variable.
   for (int i = 0; i < 200 && !state->done.load(std::memory_order_acquire); ++i)

@@ -5,6 +5,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -33,7 +34,9 @@ class HandleTable {
   void wake_waiters();
   // Threads currently blocked in wait(): the engine sends batched requests at once when
   // somebody is waiting for a result.
-  int waiters() const { return waiters_.load(std::memory_order_relaxed); }
+  int waiters() const { return waiters_.load(); }
+  // Runs in every thread that starts waiting (the engine ends its burst for it).
+  void set_wait_hook(std::function<void()> hook) { wait_hook_ = std::move(hook); }
   void wait(const std::shared_ptr<HandleState>& state);
   void clear();
 
@@ -43,6 +46,7 @@ class HandleTable {
   std::unordered_map<int64_t, std::shared_ptr<HandleState>> handles_;
   int64_t next_ = 1;
   std::atomic<int> waiters_{0};
+  std::function<void()> wait_hook_;
 };
 
 }  // namespace shvd

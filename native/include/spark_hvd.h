@@ -43,6 +43,9 @@ typedef struct {
   const int32_t* process_set_ranks;
   const int32_t* process_set_sizes;
   int32_t num_process_sets;
+  /* 1: run collectives while the user thread is still submitting; 0: collect a burst of ops
+   * until a result is awaited (hosts without a spare core per rank); -1: decide from the host. */
+  int32_t overlap;
 } shvd_init_options;
 
 enum {
@@ -111,6 +114,8 @@ int32_t shvd_enqueue(const shvd_op* ops, int32_t n, int64_t* handles);
  *   int64 input, output, float64 prescale, postscale, int32 name_len, group_len,
  *   then name bytes, group bytes, int64 shape[ndim], int64 splits[nsplits]. */
 int32_t shvd_enqueue_packed(const char* records, int64_t len, int32_t n, int64_t* handles);
+/* One packed record (the per-tensor hot path): returns its handle (> 0), or -1 on failure. */
+int64_t shvd_enqueue_record(const char* record, int64_t len);
 /* 1 if done, 0 if pending, -1 unknown handle. */
 int32_t shvd_poll(int64_t handle);
 /* Waits until done. Returns 0 on success, -1 on failure (the op's error). */
@@ -118,6 +123,8 @@ int32_t shvd_wait(int64_t handle);
 /* Waits for every handle, then releases them all. Returns 0, or -1 with the first failed op's
  * error (the others are released too). One call per group instead of two per op. */
 int32_t shvd_wait_release(const int64_t* handles, int32_t n);
+/* shvd_wait_release of one handle, without building an array. */
+int32_t shvd_wait_release_one(int64_t handle);
 /* Result allocated by the core (allgather, alltoall, reducescatter, add_process_set): data
  * pointer and byte count, valid until shvd_release. ndim/shape of the result via shvd_shape. */
 int32_t shvd_output(int64_t handle, void** data, int64_t* nbytes);

@@ -161,6 +161,7 @@ def start(config, comm=None, process_sets=(), rendezvous=None, placement=None, s
         timeline_path=(config.timeline or "").encode(),
         timeline_mark_cycles=1 if config.timeline_mark_cycles else 0,
         process_set_ranks=ranks_arr, process_set_sizes=sizes_arr,
-        num_process_sets=len(sizes))
+        num_process_sets=len(sizes),
+        overlap=config.overlap)
     check(lib.shvd_init(opts))
     return placement

@@ -36,6 +36,13 @@ def env_flag(name, default=False):
     return value.strip().lower() in ("1", "true", "yes", "on")
 
 
+# SPARK_HVD_OVERLAP: run collectives while the training thread still submits (1), or collect a
+# step's ops until a result is awaited (0, best when ranks outnumber half the CPUs), or decide
+# from the host (auto).
+_OVERLAP = {"auto": -1, "1": 1, "true": 1, "on": 1, "yes": 1, "0": 0, "false": 0, "off": 0,
+            "no": 0}
+
+
 class Config:
     """Engine settings read once at ``init()``."""
 
@@ -54,6 +61,10 @@ class Config:
         self.dynamic_process_sets = env_flag("DYNAMIC_PROCESS_SETS")
         self.shared_memory = not env_flag("SHM_DISABLE")
         self.start_timeout = env_float("START_TIMEOUT", 30.0)
+        overlap = str(env("OVERLAP", "auto")).strip().lower()
+        if overlap not in _OVERLAP:
+            raise ValueError(f"SPARK_HVD_OVERLAP must be auto, 1 or 0, got {overlap!r}")
+        self.overlap = _OVERLAP[overlap]
         for name, value in (("FUSION_THRESHOLD", self.fusion_threshold),
                             ("CACHE_CAPACITY", self.cache_capacity)):
             if value < 0:

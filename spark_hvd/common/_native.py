@@ -46,6 +46,7 @@ class InitOptions(ctypes.Structure):
         ("process_set_ranks", ctypes.POINTER(ctypes.c_int32)),
         ("process_set_sizes", ctypes.POINTER(ctypes.c_int32)),
         ("num_process_sets", ctypes.c_int32),
+        ("overlap", ctypes.c_int32),
     ]
 
 
@@ -78,9 +79,11 @@ def _load():
         "shvd_process_set_ids": (i32, [p_i32, i32]),
         "shvd_process_set_find": (i32, [p_i32, i32]),
         "shvd_enqueue_packed": (i32, [ctypes.c_char_p, i64, i32, p_i64]),
+        "shvd_enqueue_record": (i64, [ctypes.c_char_p, i64]),
         "shvd_poll": (i32, [i64]),
         "shvd_wait": (i32, [i64]),
         "shvd_wait_release": (i32, [p_i64, i32]),
+        "shvd_wait_release_one": (i32, [i64]),
         "shvd_output": (i32, [i64, ctypes.POINTER(vp), p_i64]),
         "shvd_output_shape": (i32, [i64, p_i64, i32]),
         "shvd_output_ints": (i32, [i64, p_i64, i32]),

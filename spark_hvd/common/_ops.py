@@ -9,7 +9,7 @@ import warnings
 from collections import defaultdict
 
 from . import basics
-from ._native import check, lib, raise_last_error
+from ._native import OP_ALLREDUCE, check, lib, raise_last_error
 
 # Reduce ops: the values are the core's codes.
 Average, Sum, Adasum, Min, Max, Product = 0, 1, 2, 3, 4, 5
@@ -45,7 +45,9 @@ def resolve_reduce_op(op, average, default=Average):
     return op
 
 
-_HEADER = struct.Struct("<8i2q2d2i")
+# One Struct per (name length, group length, shape+splits length): a record is then a single
+# pack call, the per-tensor hot path of every adapter.
+_RECORD_FORMATS = {}
 
 
 def make_op(kind, name, dtype, shape, input_ptr, output_ptr, reduce_op=Sum, prescale=1.0,
@@ -54,11 +56,33 @@ def make_op(kind, name, dtype, shape, input_ptr, output_ptr, reduce_op=Sum, pres
     name_b = name.encode()
     group_b = group.encode() if group else b""
     ndim, nsplits = len(shape), len(splits)
-    return b"".join((
-        _HEADER.pack(kind, dtype, reduce_op, root_rank, process_set, ndim, nsplits, group_size,
-                     input_ptr or 0, output_ptr or 0, prescale, postscale, len(name_b),
-                     len(group_b)),
-        name_b, group_b, struct.pack(f"<{ndim + nsplits}q", *shape, *splits)))
+    key = (len(name_b), len(group_b), ndim + nsplits)
+    fmt = _RECORD_FORMATS.get(key)
+    if fmt is None:
+        if len(_RECORD_FORMATS) > 4096:
+            _RECORD_FORMATS.clear()
+        fmt = _RECORD_FORMATS[key] = struct.Struct(f"<8i2q2d2i{key[0]}s{key[1]}s{key[2]}q")
+    return fmt.pack(kind, dtype, reduce_op, root_rank, process_set, ndim, nsplits, group_size,
+                    input_ptr or 0, output_ptr or 0, prescale, postscale, key[0], key[1],
+                    name_b, group_b, *shape, *splits)
+
+
+def enqueue_allreduce(name, dtype, shape, input_ptr, output_ptr, reduce_op, prescale, postscale,
+                      process_set):
+    """:func:`enqueue_one` for a single allreduce with positional arguments: the per-tensor hot
+    path of every adapter (gradient hooks, ``allreduce_async_``), about twice as fast."""
+    name_b = name.encode()
+    ndim = len(shape)
+    key = (len(name_b), 0, ndim)
+    fmt = _RECORD_FORMATS.get(key)
+    if fmt is None:
+        fmt = _RECORD_FORMATS[key] = struct.Struct(f"<8i2q2d2i{key[0]}s0s{ndim}q")
+    record = fmt.pack(OP_ALLREDUCE, dtype, reduce_op, 0, process_set, ndim, 0, 0, input_ptr,
+                      output_ptr, prescale, postscale, key[0], 0, name_b, b"", *shape)
+    handle = lib.shvd_enqueue_record(record, len(record))
+    if handle == -1:
+        _enqueue_failed()
+    return handle
 
 
 def _enqueue_failed():
@@ -78,10 +102,10 @@ def enqueue(records):
 
 def enqueue_one(kind, name, dtype, shape, input_ptr, output_ptr, **kwargs):
     record = make_op(kind, name, dtype, shape, input_ptr, output_ptr, **kwargs)
-    handle = ctypes.c_int64()
-    if lib.shvd_enqueue_packed(record, len(record), 1, ctypes.byref(handle)) == -1:
+    handle = lib.shvd_enqueue_record(record, len(record))
+    if handle == -1:
         _enqueue_failed()
-    return handle.value
+    return handle
 
 
 def poll(handle_id):
@@ -90,7 +114,8 @@ def poll(handle_id):
 
 def wait(handle_id):
     """Blocks until the op completes; raises its error. The handle is released either way."""
-    check(lib.shvd_wait_release(ctypes.byref(ctypes.c_int64(handle_id)), 1))
+    if lib.shvd_wait_release_one(handle_id) == -1:
+        raise_last_error()
 
 
 def wait_all(handle_ids):
@@ -118,6 +143,39 @@ def wait_output(handle_id):
 
 def wait_ints(handle_id):
     return wait_output(handle_id)[2]
+
+
+class ResultHandle:
+    """A pending collective on one tensor whose result is known up front (in-place ops and
+    preallocated outputs): the per-tensor hot path, without the closure a :class:`Handle`
+    needs. Same interface as :class:`Handle`."""
+
+    __slots__ = ("_id", "_result", "_keepalive", "_error")
+
+    def __init__(self, handle_id, result, keepalive=None):
+        self._id = handle_id
+        self._result = result
+        self._keepalive = keepalive  # buffers the core reads or writes until completion
+        self._error = None
+
+    def poll(self):
+        """True once the op has finished (successfully or not)."""
+        return self._id is None or poll(self._id)
+
+    def wait(self):
+        """Blocks until the op finished; returns its result or raises its error."""
+        if self._id is not None:
+            handle_id, self._id = self._id, None
+            failed = lib.shvd_wait_release_one(handle_id) == -1
+            self._keepalive = None  # only now: the core used these buffers until completion
+            if failed:
+                try:
+                    raise_last_error()
+                except BaseException as e:
+                    self._error = e
+        if self._error is not None:
+            raise self._error
+        return self._result
 
 
 class Handle:

@@ -69,7 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
     tuning.add_argument("--fusion-threshold-mb", type=float, metavar="MB",
                         help="fusion buffer size in MiB")
     tuning.add_argument("--cycle-time-ms", type=float, metavar="MS",
-                        help="how long the background thread waits between cycles")
+                        help="burst window: ops submitted within it are negotiated together")
     tuning.add_argument("--stall-check-warning-time-seconds", type=float, metavar="S",
                         help="warn when some ranks wait for a tensor longer than this")
     tuning.add_argument("--stall-check-shutdown-time-seconds", type=float, metavar="S",

@@ -57,10 +57,10 @@ def _host(tensor):
     if tensor.layout != torch.strided:
         raise ValueError(f"{tensor.layout} tensors are not supported here; sparse tensors are "
                          "reduced with sparse_allreduce_async (or densify them first)")
+    if tensor.is_cpu and tensor.is_contiguous():
+        return tensor, False  # the core reads and writes its memory; autograd never sees it
     t = tensor.detach()
-    if t.device.type == "cpu" and t.is_contiguous():
-        return t, False
-    if t.device.type != "cpu":
+    if not t.is_cpu:
         t = t.to("cpu")
     return t.contiguous(), True
 
@@ -103,6 +103,13 @@ def _reduce_op(op, average, default=Average):
 def _enqueue(records):
     try:
         return _ops.enqueue(records)
+    except ValueError as e:
+        raise as_collective_error(e) from None
+
+
+def _enqueue_allreduce(*args):
+    try:
+        return _ops.enqueue_allreduce(*args)
     except ValueError as e:
         raise as_collective_error(e) from None
 
@@ -198,6 +205,22 @@ def _allreduce_handle(tensors, inplace, name, op, prescale, postscale, process_s
     return _ops.Handle(ids, finish, keepalive=(hosts, outs))
 
 
+def _allreduce_one(tensor, inplace, name, op, prescale, postscale, process_set):
+    """One tensor's allreduce: the per-tensor hot path (no lists, no closure for CPU tensors)."""
+    ps = process_set_id(process_set)
+    host, staged = _host(tensor)
+    out = host if inplace else torch.empty_like(host)
+    h = _enqueue_allreduce(_auto_name("allreduce", name, ps), _dtype_code(host), host.shape,
+                           _ptr(host), _ptr(out), op, float(prescale), float(postscale), ps)
+    if not staged:
+        return _ops.ResultHandle(h, tensor if inplace else out, keepalive=(host, out))
+
+    def finish(ids):
+        _ops.wait(ids[0])
+        return _copy_back(host, tensor) if inplace else _on(out, tensor.device)
+    return _ops.Handle([h], finish, keepalive=(host, out))
+
+
 def _allreduce_batch_async_(tensors, names, op, prescale, postscale, process_set):
     """In-place allreduces of several tensors submitted in one batch (one enqueue, one engine
     wake-up) but negotiated individually, so the core may fuse them with anything else; the
@@ -230,8 +253,8 @@ def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.
     order) with the same shape and dtype. ``synchronize(handle)`` returns a new tensor.
     """
     op = _reduce_op(op, average)
-    return _allreduce_handle([tensor], False, name, op, prescale_factor, postscale_factor,
-                             process_set, grouped=False)
+    return _allreduce_one(tensor, False, name, op, prescale_factor, postscale_factor,
+                          process_set)
 
 
 def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
@@ -239,8 +262,8 @@ def allreduce_async_(tensor, average=None, name=None, op=None, prescale_factor=1
     """In-place :func:`allreduce_async`: ``tensor`` receives the result (``synchronize``
     returns it)."""
     op = _reduce_op(op, average)
-    return _allreduce_handle([tensor], True, name, op, prescale_factor, postscale_factor,
-                             process_set, grouped=False)
+    return _allreduce_one(tensor, True, name, op, prescale_factor, postscale_factor,
+                          process_set)
 
 
 def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,

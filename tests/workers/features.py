@@ -275,6 +275,38 @@ def exit_without_shutdown(c):
     hvd.shutdown()
 
 
+# -- progress without waiting ----------------------------------------------------------------
+
+def progress(c):
+    """Asynchronous ops complete while nobody waits or polls: the engine's burst ends after at
+    most ten cycle times, so results land during the sleep (read before any poll/wait, which
+    would themselves end the burst). Ranks submit at different times, one op and many."""
+    rank, size = hvd.rank(), hvd.size()
+    want = sum(range(1, size + 1))
+    for trial, count in enumerate((1, 50)):
+        time.sleep(0.05 * rank)
+        bufs = [np.full(256, rank + 1, np.float32) for _ in range(count)]
+        handles = [hvd.allreduce_async_(b, op=hvd.Sum, name=f"progress.{trial}.{i}")
+                   for i, b in enumerate(bufs)]
+        time.sleep(0.5)
+        done = sum(bool((b == want).all()) for b in bufs)
+        c.check(done == count, f"trial {trial}: {done} of {count} results arrived without a "
+                f"wait or poll")
+        for h in handles:
+            hvd.synchronize(h)
+    # Inputs only the handle keeps alive survive until the op ran (a deferred burst runs them
+    # at the wait): memory is churned before waiting.
+    handles = [hvd.allreduce_async(np.full(999, rank + 1.0), op=hvd.Sum, name="tmp.ar"),
+               hvd.allreduce_async_(np.full(999, rank + 1.0), op=hvd.Sum, name="tmp.ar_"),
+               hvd.broadcast_async(np.full(999, rank + 1.0), 0, name="tmp.bc")]
+    churn = [np.full(999, -7.0) for _ in range(200)]
+    got = [hvd.synchronize(h) for h in handles]
+    del churn
+    c.check((got[0] == want).all() and (got[1] == want).all(), f"allreduce of temporaries: {got[:2]}")
+    c.check((got[2] == 1.0).all(), f"broadcast of a temporary: {got[2]}")
+    c.fields["overlap"] = os.environ.get("SPARK_HVD_OVERLAP", "auto")
+
+
 class FieldChecks(Checks):
     def __init__(self, rank):
         super().__init__(rank)

@@ -337,6 +337,35 @@ class Suite:
                     prescale_factor=0.5, postscale_factor=3.0)
         self.expect(t, got, full[sum(rows[:me]):sum(rows[:me + 1])], 1e-12, 1e-12)
 
+    # -- inputs only the handle keeps alive ---------------------------------------------------
+
+    def temporaries(self):
+        """Async ops on temporaries that nothing but the handle references: the core may run
+        them only when they are awaited (bursts), so the handle must keep every buffer alive
+        until completion. Memory is churned before waiting, so a freed input would show."""
+        t = self.tag("tmp")
+        xs = self.inputs(lambda i: (257,), torch.float32, t)
+        want = ref_allreduce(xs, "Sum")
+        handles = [hvd.allreduce_async(xs[self.me].clone() * 1, name=f"{t}/ar", op=hvd.Sum,
+                                       process_set=self.ps),
+                   hvd.allreduce_async_(xs[self.me].clone(), name=f"{t}/ar_", op=hvd.Sum,
+                                        process_set=self.ps),
+                   hvd.grouped_allreduce_async([xs[self.me].clone(), xs[self.me].clone()],
+                                               name=f"{t}/gar", op=hvd.Sum, process_set=self.ps),
+                   hvd.broadcast_async(xs[self.me].clone(), 0, name=f"{t}/bc",
+                                       process_set=self.ps),
+                   hvd.allgather_async(xs[self.me].clone(), name=f"{t}/ag", process_set=self.ps)]
+        churn = [torch.full((257,), -7.0) for _ in range(200)]
+        got = [hvd.synchronize(h) for h in handles]
+        del churn
+        rtol, atol = tol(torch.float32, self.n)
+        self.expect(f"{t}/ar", got[0], want, rtol, atol)
+        self.expect(f"{t}/ar_", got[1], want, rtol, atol)
+        self.expect(f"{t}/gar", got[2][0], want, rtol, atol)
+        self.expect(f"{t}/gar.1", got[2][1], want, rtol, atol)
+        self.expect(f"{t}/bc", got[3], xs[0])
+        self.expect(f"{t}/ag", got[4], torch.cat(xs))
+
     # -- layouts ----------------------------------------------------------------------------
 
     def layouts(self):
@@ -586,7 +615,7 @@ def main():
     for label, ps, members in suites:
         s = Suite(c, label, ps, members)
         for part in (s.allreduce, s.grouped_allreduce, s.allgather, s.broadcast, s.alltoall,
-                     s.reducescatter, s.layouts):
+                     s.reducescatter, s.layouts, s.temporaries):
             c.run(f"{label}/{part.__name__}", part)
         c.run(f"{label}/gradients", gradients, c, ps, members)
         c.run(f"{label}/finite_differences", finite_differences, c, ps, members)
