@@ -19,6 +19,16 @@ def test_tf_training(job, tmp_path):
     job(2, "tf_training", tmp_path, timeout=140, env=TF_ENV).assert_ok(2)
 
 
+@pytest.mark.timeout(120)
+def test_tf_v1_backward_passes(job):
+    """TF1 DistributedOptimizer(backward_passes_per_step=N) in a MonitoredTrainingSession: the
+    weights move every N-th pass by the averaged sum, the global step counts passes, and an
+    Adam ends with identical weights on both ranks."""
+    r = job(2, "tf_v1_passes", timeout=110, env=TF_ENV)
+    r.assert_ok(2)
+    assert r.field(0, "adam") == r.field(1, "adam")
+
+
 @pytest.mark.timeout(90)
 def test_tf_single_process():
     """Size 1 without the launcher: API surface and docstrings, ops are identities,

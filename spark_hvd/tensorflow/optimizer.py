@@ -30,29 +30,120 @@ from .gradient_tape import GradientAllreducer, check_args
 _LegacyOptimizer = tf.compat.v1.train.Optimizer
 
 
+class _PassAccumulator:
+    """``backward_passes_per_step`` for a ``tf.compat.v1`` optimizer, in graph ops (so it
+    works in sessions and eagerly): every pass adds its gradients into local variables; the
+    N-th pass allreduces the sums (divided by N with ``average_aggregated_gradients``) and the
+    wrapped optimizer applies them; on the other passes nothing is applied and only the global
+    step advances, as in Horovod (it counts backward passes)."""
+
+    def __init__(self, passes, average, sparse_as_dense, allreducer):
+        self.passes = passes
+        self.average = average
+        self.sparse_as_dense = sparse_as_dense
+        self.allreducer = allreducer
+        self.sums = None
+        self.counter = None
+
+    def _dense(self, grad):
+        if isinstance(grad, tf.IndexedSlices):
+            if not self.sparse_as_dense:
+                raise ValueError("backward_passes_per_step > 1 accumulates dense gradients: "
+                                 "pass sparse_as_dense=True for tf.IndexedSlices gradients")
+            return tf.convert_to_tensor(grad)
+        return grad
+
+    def _local_variable(self, initial, name):
+        # Per-rank state: a local variable, which MonitoredTrainingSession initializes and
+        # BroadcastGlobalVariablesHook (global variables only) leaves alone.
+        return tf.compat.v1.Variable(initial, trainable=False, name=name,
+                                     collections=[tf.compat.v1.GraphKeys.LOCAL_VARIABLES])
+
+    def gradients(self, grads, variables):
+        """The allreduced sums on every N-th pass, this pass's local gradients otherwise."""
+        present = [i for i, g in enumerate(grads) if g is not None]
+        dense = [self._dense(grads[i]) for i in present]
+        if self.sums is None:
+            self.counter = self._local_variable(tf.constant(0, tf.int32), "passes_counter")
+            self.sums = [self._local_variable(tf.zeros_like(g), f"gradient_sum_{i}")
+                         for i, g in zip(present, dense)]
+        if len(self.sums) != len(dense):
+            raise ValueError("backward_passes_per_step > 1: the set of variables with a "
+                             "gradient changed between passes")
+        cleared = tf.cond(tf.equal(self.counter.read_value(), 0),
+                          lambda: tf.group([s.assign(tf.zeros_like(s)) for s in self.sums]),
+                          tf.no_op)
+        with tf.control_dependencies([cleared]):
+            added = [s.assign_add(g) for s, g in zip(self.sums, dense)]
+        with tf.control_dependencies(added):
+            count = self.counter.assign_add(1)
+
+        def reduce_sums():
+            reduced = self.allreducer([s.read_value() for s in self.sums],
+                                      [variables[i] for i in present])
+            if self.average:
+                reduced = [g / self.passes for g in reduced]
+            with tf.control_dependencies(reduced):
+                reset = self.counter.assign(0)
+            with tf.control_dependencies([reset]):
+                return [tf.identity(g) for g in reduced]
+
+        with tf.control_dependencies([count]):
+            out = tf.cond(tf.equal(count, self.passes), reduce_sums,
+                          lambda: [tf.identity(g) for g in dense])
+        out = out if isinstance(out, (list, tuple)) else [out]
+        result = list(grads)
+        for i, g in zip(present, out):
+            result[i] = g
+        return result
+
+    def apply(self, apply_fn, grads_and_vars, global_step):
+        """Runs ``apply_fn`` on the passes that reduced; advances ``global_step`` on the
+        others."""
+        def skip():
+            if global_step is None:
+                return tf.no_op()
+            return tf.group(global_step.assign_add(tf.constant(1, global_step.dtype.base_dtype)))
+
+        with tf.control_dependencies([g for g, _ in grads_and_vars if g is not None]):
+            applying = tf.equal(self.counter.read_value(), 0)
+        return tf.cond(applying, lambda: tf.group(apply_fn()), skip)
+
+
 class _LegacyDistributedOptimizer(_LegacyOptimizer):
     """Wraps a ``tf.compat.v1.train.Optimizer``: gradients are averaged in
     ``compute_gradients``; everything else is the wrapped optimizer's."""
 
-    def __init__(self, optimizer, name, use_locking, allreducer):
+    def __init__(self, optimizer, name, use_locking, allreducer, accumulator=None):
         if name is None:
             name = f"Distributed{type(optimizer).__name__}"
         super().__init__(name=name, use_locking=use_locking)
         self._optimizer = optimizer
         self._allreducer = allreducer
+        self._accumulator = accumulator
 
     def compute_gradients(self, *args, **kwargs):
         """The wrapped optimizer's ``(gradient, variable)`` pairs with the gradients averaged
-        across ranks (one grouped allreduce)."""
+        across ranks (one grouped allreduce; every N-th pass with backward_passes_per_step)."""
         gradients = self._optimizer.compute_gradients(*args, **kwargs)
         if not gradients:
             return gradients
         grads, variables = zip(*gradients)
+        if self._accumulator is not None:
+            return list(zip(self._accumulator.gradients(list(grads), variables), variables))
         return list(zip(self._allreducer(grads, variables), variables))
 
-    def apply_gradients(self, *args, **kwargs):
-        """Calls the wrapped optimizer's ``apply_gradients``."""
-        return self._optimizer.apply_gradients(*args, **kwargs)
+    def apply_gradients(self, grads_and_vars, global_step=None, name=None):
+        """Calls the wrapped optimizer's ``apply_gradients`` (with backward_passes_per_step,
+        only on the passes whose gradients were reduced)."""
+        if self._accumulator is None:
+            return self._optimizer.apply_gradients(grads_and_vars, global_step=global_step,
+                                                   name=name)
+        grads_and_vars = list(grads_and_vars)
+        return self._accumulator.apply(
+            lambda: self._optimizer.apply_gradients(grads_and_vars, global_step=global_step,
+                                                    name=name),
+            grads_and_vars, global_step)
 
     def get_slot(self, *args, **kwargs):
         """Calls the wrapped optimizer's ``get_slot``."""
@@ -65,7 +156,6 @@ class _LegacyDistributedOptimizer(_LegacyOptimizer):
     def variables(self, *args, **kwargs):
         """Calls the wrapped optimizer's ``variables``."""
         return self._optimizer.variables(*args, **kwargs)
-
 
 def _is_keras_optimizer(optimizer):
     try:
@@ -88,12 +178,12 @@ def DistributedOptimizer(optimizer, name=None, use_locking=False, device_dense='
         name: name of the wrapper (TF1) / prefix of the allreduces.
         compression: ``Compression.none`` or ``Compression.fp16``.
         sparse_as_dense: densify ``tf.IndexedSlices`` gradients before reducing them.
-        backward_passes_per_step: (Keras optimizers) accumulate gradients locally over this
-            many steps, then allreduce and apply once.
+        backward_passes_per_step: accumulate gradients locally over this many passes, then
+            allreduce and apply once (a TF1 optimizer's global step still counts every pass).
         op: ``Average`` (default) or ``Sum``; ``Adasum`` raises NotImplementedError.
         gradient_predivide_factor: with op=Average, divide by this factor before the sum and
             by ``size / factor`` after.
-        average_aggregated_gradients: (Keras optimizers) divide the accumulated gradients by
+        average_aggregated_gradients: divide the accumulated gradients by
             ``backward_passes_per_step``.
         num_groups / groups: split the gradients into grouped allreduces (see
             ``DistributedGradientTape``).
@@ -114,13 +204,15 @@ def DistributedOptimizer(optimizer, name=None, use_locking=False, device_dense='
         raise ValueError(f"DistributedOptimizer wraps a Keras optimizer or a "
                          f"tf.compat.v1.train.Optimizer, got {type(optimizer).__name__}")
     groups = check_args(op, gradient_predivide_factor, num_groups, groups)
-    if backward_passes_per_step != 1:
-        raise NotImplementedError(
-            "backward_passes_per_step > 1 is supported for Keras optimizers only; with a "
-            "tf.compat.v1 optimizer accumulate the gradients yourself or use a Keras optimizer")
+    if int(backward_passes_per_step) < 1:
+        raise ValueError(f"backward_passes_per_step must be >= 1, got {backward_passes_per_step}")
     allreducer = GradientAllreducer(compression, sparse_as_dense, op, gradient_predivide_factor,
                                     groups, process_set, name=None)
-    return _LegacyDistributedOptimizer(optimizer, name, use_locking, allreducer)
+    accumulator = None
+    if backward_passes_per_step > 1:
+        accumulator = _PassAccumulator(int(backward_passes_per_step),
+                                       average_aggregated_gradients, sparse_as_dense, allreducer)
+    return _LegacyDistributedOptimizer(optimizer, name, use_locking, allreducer, accumulator)
 
 
 def broadcast_global_variables(root_rank):

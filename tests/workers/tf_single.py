@@ -100,8 +100,7 @@ def main():
     dist, model = timed(True)
     overhead = dist / plain - 1.0
     c.check(isinstance(model.optimizer, keras.optimizers.SGD), "wrapped optimizer type")
-    # The check is loose (a shared CI machine is noisy); the measured number is reported.
-    c.check(overhead < 0.5, f"DistributedOptimizer step overhead {overhead:.1%} at size 1")
+    # Reported only: timing targets belong to benchmarks/scaling.py, not to tests.
     hvd.shutdown()
     c.finish(overhead=f"{overhead:.3f}", step_ms=f"{plain * 1e3:.3f}")
 

@@ -343,8 +343,19 @@ def misc_checks(c, n, rank):
         c.check(close(gv[0][0].numpy(), want), f"v1 averaged gradient {gv[0][0]}")
         c.run("v1/apply_gradients", opt.apply_gradients, gv)
         c.check(close(v.numpy(), [-w for w in want]), f"v1 apply: {v.numpy()}")
-    c.raises("v1/bpps", NotImplementedError, hvd.DistributedOptimizer,
-             tf.compat.v1.train.GradientDescentOptimizer(1.0), backward_passes_per_step=2)
+    # backward_passes_per_step eagerly: nothing moves on the first pass, the second applies
+    # the rank-averaged sum of both passes' gradients
+    acc_v = tf.Variable(np.zeros(3, np.float32))
+    acc_opt = hvd.DistributedOptimizer(tf.compat.v1.train.GradientDescentOptimizer(1.0),
+                                       backward_passes_per_step=2)
+    for p in range(2):
+        pairs = acc_opt.compute_gradients(
+            lambda: tf.reduce_sum(acc_v * tf.constant([1.0, float(p), float(rank)])), [acc_v])
+        acc_opt.apply_gradients(pairs)
+        want = [0.0] * 3 if p == 0 else [-2.0, -1.0, -float(n - 1)]
+        c.check(close(acc_v.numpy(), want), f"v1 bpps=2 eager pass {p}: {acc_v.numpy()}")
+    c.raises("v1/bpps0", ValueError, hvd.DistributedOptimizer,
+             tf.compat.v1.train.GradientDescentOptimizer(1.0), backward_passes_per_step=0)
     # hvd.tensorflow.DistributedOptimizer hands Keras optimizers to spark_hvd.keras
     kopt = hvd.DistributedOptimizer(keras.optimizers.Adam(0.01))
     c.check(isinstance(kopt, khvd.optimizer._DistributedOptimizer) and
