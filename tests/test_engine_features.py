@@ -43,7 +43,7 @@ def test_fusion_and_cache(np_, transport, env):
 def test_progress_without_waiting(np_, transport, overlap):
     """Async ops finish while every rank sleeps without waiting or polling, whether the engine
     overlaps (runs collectives as soon as a burst pauses) or defers (collects until awaited,
-    capped at ten cycle times)."""
+    capped at 100 cycle times, 50 ms)."""
     r = run_job(np_, "features", "progress", transport=transport,
                 env={"SPARK_HVD_OVERLAP": overlap}, timeout=50)
     r.assert_ok(np_)

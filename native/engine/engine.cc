@@ -220,10 +220,12 @@ bool Engine::wait_for_work() {
       if (now < burst_until_) return false;
       // The window ended. Keep collecting while the user still submits without a pause (or,
       // deferring, until somebody waits), up to a cap, so a step's gradients go out as one
-      // batch instead of one per cycle.
+      // batch instead of one per cycle. The cap only bounds how long an op nobody waits for
+      // can sit here; deferring, a backward pass's gradients should all wait for step().
       const auto last_enqueue = Clock::time_point(Clock::duration(last_enqueue_.load()));
       const bool submitting = now - last_enqueue < kSubmissionPause;
-      if ((submitting || !overlap_) && now - burst_started_ < kMaxBurstCycles * cycle_time()) {
+      const int max_cycles = overlap_ ? kMaxBurstCycles : kMaxDeferredCycles;
+      if ((submitting || !overlap_) && now - burst_started_ < max_cycles * cycle_time()) {
         burst_until_ = now + cycle_time();
         return false;
       }
@@ -292,6 +294,9 @@ void Engine::submit(std::vector<Entry> entries, bool burst_over) {
   bool flush = burst_over;
   if (!entries.empty() && !in_burst_) {
     in_burst_ = true;
+    // A poll from before this burst asked about an op already answered: it must not end the
+    // new burst at once.
+    flush_requested_.store(false);
     burst_started_ = last_activity_;
     burst_until_ = burst_started_ + cycle_time();
     // Overlapping, the first op after a pause goes out at once: latency-bound loops and the

@@ -147,15 +147,17 @@ class Engine {
   RequestBatch unsent_;
   // Bursts. Ops enqueued in quick succession (a step's gradients) are collected into one
   // batch: while a burst is open the engine sleeps and further enqueues do not wake it. The
-  // burst ends, and its requests go to the coordinator, when a user thread waits for (or polls)
-  // a result, or when a cycle time passes without the user submitting (overlap_ on), at the
-  // latest after kMaxBurstCycles cycle times. Fewer, larger batches mean fewer negotiations
-  // and fused collectives, and no engine wake-up per tensor.
+  // burst ends, and its requests go to the coordinator, when a user thread waits for (or
+  // polls) a result, or when a cycle time passes without the user submitting (overlap_ on),
+  // at the latest after kMaxBurstCycles (deferring: kMaxDeferredCycles) cycle times. Fewer,
+  // larger batches mean fewer negotiations and fused collectives, and no engine wake-up per
+  // tensor.
   bool in_burst_ = false;
   Clock::time_point burst_started_{};
   Clock::time_point burst_until_{};
   static constexpr std::chrono::microseconds kSubmissionPause{50};
   static constexpr int kMaxBurstCycles = 10;
+  static constexpr int kMaxDeferredCycles = 100;
   // True: run collectives while the user thread is still submitting (spare cores overlap them
   // with its work). False: keep collecting until a result is awaited (or the cap): on a host
   // with no spare core the engine would only preempt the threads it waits for.

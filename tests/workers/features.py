@@ -279,7 +279,7 @@ def exit_without_shutdown(c):
 
 def progress(c):
     """Asynchronous ops complete while nobody waits or polls: the engine's burst ends after at
-    most ten cycle times, so results land during the sleep (read before any poll/wait, which
+    most 100 cycle times (50 ms), so results land during the sleep (read before any poll/wait, which
     would themselves end the burst). Ranks submit at different times, one op and many."""
     rank, size = hvd.rank(), hvd.size()
     want = sum(range(1, size + 1))
