@@ -24,6 +24,8 @@ rank: eagerly as :class:`CollectiveError` (a ``ValueError``, ``RuntimeError`` an
 
 import ctypes
 import itertools
+import sys
+import threading
 import weakref
 
 import numpy as np
@@ -146,12 +148,43 @@ def _contiguous(array):
     return array if array.flags.c_contiguous else np.ascontiguousarray(array)
 
 
+class _BufferPool:
+    """Result buffers reused once nothing refers to their last result any more. A fresh
+    multi-MB array every step is memory the core's first write page-faults in (about 3 us per
+    4 KiB page: 5 ms of system time per step for an 11.6 MB model's gradients)."""
+
+    MIN_BYTES = 64 * 1024
+    PER_SIZE = 8  # buffers kept per size (a step may reduce several same-sized tensors)
+
+    def __init__(self):
+        self._buffers = {}  # nbytes -> [raw uint8 arrays]
+        self._lock = threading.Lock()
+
+    def get(self, nbytes):
+        if nbytes < self.MIN_BYTES:
+            return np.empty(nbytes + 64, np.uint8)
+        with self._lock:
+            kept = self._buffers.setdefault(nbytes, [])
+            for raw in kept:
+                # Referenced by the list, the loop variable and getrefcount's argument only:
+                # no view of it (a result TF still holds) is alive.
+                if sys.getrefcount(raw) == 3:
+                    return raw
+            raw = np.empty(nbytes + 64, np.uint8)
+            if len(kept) < self.PER_SIZE:
+                kept.append(raw)
+            return raw
+
+
+_buffers = _BufferPool()
+
+
 def _alloc(shape, dtype):
     """A 64-byte aligned NumPy array (TF's alignment, so TF can adopt the memory as is);
     returned twice: the result object and the buffer the core writes."""
     dtype = np.dtype(dtype)
     nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-    raw = np.empty(nbytes + 64, np.uint8)
+    raw = _buffers.get(nbytes)
     offset = (-raw.ctypes.data) % 64
     a = raw[offset:offset + nbytes].view(dtype).reshape(shape)
     return a, a

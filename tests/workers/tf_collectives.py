@@ -121,6 +121,24 @@ class Suite:
     def inputs(self, shape, dtype, tag, kind="sum"):
         return [make(r, shape, dtype, tag, kind) for r in range(self.n)]
 
+    def buffers(self):
+        """Results of large ops (their buffers are pooled and reused once no result refers to
+        them) stay intact while held, across many later ops of the same size, eagerly and in
+        tf.function; released results' buffers are reused safely."""
+        shape, dtype = (129, 257), tf.float32  # 132 KB: above the pool's lower bound
+        kept = []
+        for i in range(10):
+            xs = self.inputs(shape, dtype, f"pool{i}")
+            got = call(self.mode, lambda t, i=i: hvd.allreduce(t, op=hvd.Sum,
+                                                               name=f"pool.{self.label}.{i}",
+                                                               process_set=self.ps),
+                       tf.constant(xs[self.me]))
+            if i % 2 == 0:
+                kept.append((i, got, ref_allreduce(xs, "Sum", dtype)))
+            del got
+        for i, got, want in kept:
+            self.expect(f"pooled result {i} after later ops", got, want, dtype)
+
     def allreduce(self):
         c, ps = self.c, self.ps
         for dtype in DTYPES:
@@ -422,7 +440,7 @@ def main():
         for mode in MODES:
             s = Suite(c, label, ps, members, mode)
             for part in (s.allreduce, s.grouped_allreduce, s.allgather, s.broadcast,
-                         s.alltoall, s.reducescatter, s.gradients):
+                         s.alltoall, s.reducescatter, s.gradients, s.buffers):
                 c.run(f"{s.label}/{part.__name__}", part)
     errors(c, n, rank, sets[0] if rank == 0 else None)
     hvd.shutdown()
