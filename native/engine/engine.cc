@@ -298,7 +298,9 @@ void Engine::submit(std::vector<Entry> entries, bool burst_over) {
     // new burst at once.
     flush_requested_.store(false);
     burst_started_ = last_activity_;
-    burst_until_ = burst_started_ + cycle_time();
+    // Deferring, nothing but a waiter (or the cap) ends the burst: sleep until the cap
+    // instead of waking every cycle to look.
+    burst_until_ = burst_started_ + (overlap_ ? 1 : kMaxDeferredCycles) * cycle_time();
     // Overlapping, the first op after a pause goes out at once: latency-bound loops and the
     // first gradient of a step do not wait for the window.
     flush = flush || overlap_;

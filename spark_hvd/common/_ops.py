@@ -71,7 +71,7 @@ def enqueue_allreduce(name, dtype, shape, input_ptr, output_ptr, reduce_op, pres
                       process_set):
     """:func:`enqueue_one` for a single allreduce with positional arguments: the per-tensor hot
     path of every adapter (gradient hooks, ``allreduce_async_``), about twice as fast."""
-    name_b = name.encode()
+    name_b = name.encode() if type(name) is str else str(name).encode()
     ndim = len(shape)
     key = (len(name_b), 0, ndim)
     fmt = _RECORD_FORMATS.get(key)
