@@ -230,6 +230,26 @@ void scale_half(uint16_t* p, size_t n, double factor) {
   }
 }
 
+// dst = (a + b) * factor in the same arithmetic as a sum then scale_plain, copied to dst2:
+// one pass over the data instead of three (sum, scale, copy).
+template <class T>
+void sum_scaled_twice(T* __restrict dst, T* dst2, const T* a, const T* b, size_t n,
+                      double factor) {
+  if (factor == 1.0) {
+    for (size_t i = 0; i < n; ++i) {
+      const T v = a[i] + b[i];
+      dst[i] = v;
+      dst2[i] = v;
+    }
+  } else {
+    for (size_t i = 0; i < n; ++i) {
+      const T v = static_cast<T>(static_cast<double>(a[i] + b[i]) * factor);
+      dst[i] = v;
+      dst2[i] = v;
+    }
+  }
+}
+
 }  // namespace
 
 void reduce_into(void* dst, const void* src, size_t count, DataType dtype, ReduceOp op) {
@@ -241,6 +261,24 @@ void reduce_out(void* dst, const void* a, const void* b, size_t count, DataType 
                 ReduceOp op) {
   KernelFn fn = select_kernel(dtype, op);
   if (count > 0) fn(dst, a, b, count);
+}
+
+void reduce_out_scaled(void* dst, void* copy_to, const void* a, const void* b, size_t count,
+                       DataType dtype, ReduceOp op, double factor) {
+  if (count == 0) return;
+  if (op == ReduceOp::kSum || op == ReduceOp::kAverage) {
+    if (dtype == DataType::kFloat32)
+      return sum_scaled_twice(static_cast<float*>(dst), static_cast<float*>(copy_to),
+                              static_cast<const float*>(a), static_cast<const float*>(b), count,
+                              factor);
+    if (dtype == DataType::kFloat64)
+      return sum_scaled_twice(static_cast<double*>(dst), static_cast<double*>(copy_to),
+                              static_cast<const double*>(a), static_cast<const double*>(b),
+                              count, factor);
+  }
+  reduce_out(dst, a, b, count, dtype, op);
+  scale_buffer(dst, count, dtype, factor);
+  if (copy_to != dst) std::memcpy(copy_to, dst, count * dtype_size(dtype));
 }
 
 void scale_buffer(void* buf, size_t count, DataType dtype, double factor) {

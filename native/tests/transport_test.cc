@@ -338,6 +338,26 @@ void test_kernels() {
         for (size_t i = 0; i < n; ++i) ref_scale(t, &w[i * es], k);
         if (s != w) throw Failure(std::string("scale_buffer ") + dtype_name(t));
       }
+      // reduce_out_scaled == reduce_out, then scale_buffer, then a copy, bit for bit; the copy
+      // may alias either input (in-place allreduce).
+      for (ReduceOp op : kAllOps) {
+        for (double k : {1.0, 0.5, 1.0 / 3.0}) {
+          std::vector<uint8_t> want_scaled(n * es);
+          reduce_out(want_scaled.data(), a.data(), b.data(), n, t, op);
+          scale_buffer(want_scaled.data(), n, t, k);
+          const std::string what = std::string(dtype_name(t)) + " " + reduce_op_name(op) +
+                                   " k=" + std::to_string(k) + " n=" + std::to_string(n);
+          std::vector<uint8_t> dst(n * es), copy(n * es), dst2(n * es), dst3(n * es);
+          std::vector<uint8_t> aa = a, bb = b;
+          reduce_out_scaled(dst.data(), copy.data(), a.data(), b.data(), n, t, op, k);
+          if (dst != want_scaled || copy != want_scaled)
+            throw Failure("reduce_out_scaled " + what);
+          reduce_out_scaled(dst2.data(), aa.data(), aa.data(), b.data(), n, t, op, k);
+          reduce_out_scaled(dst3.data(), bb.data(), a.data(), bb.data(), n, t, op, k);
+          if (aa != want_scaled || bb != want_scaled || dst2 != want_scaled || dst3 != want_scaled)
+            throw Failure("reduce_out_scaled aliased " + what);
+        }
+      }
     }
   }
   bool threw = false;
