@@ -215,7 +215,7 @@ int32_t shvd_init(const shvd_init_options* o) {
     eo.job_id = mo.job_id;
     eo.overlap = o->overlap;
     eo.coordinator.fusion_threshold_bytes = size_t(o->fusion_threshold_bytes);
-    eo.coordinator.cycle_time_ms = o->cycle_time_ms;
+    eo.cycle_time_ms = o->cycle_time_ms;
     eo.coordinator.cache_capacity = size_t(o->cache_capacity);
     eo.coordinator.stall_warning_seconds = o->stall_warning_seconds;
     eo.coordinator.stall_shutdown_seconds = o->stall_shutdown_seconds;

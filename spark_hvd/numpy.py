@@ -69,18 +69,11 @@ def allreduce_async(array, average=None, name=None, op=None, prescale_factor=1.0
 def allreduce_async_(array, average=None, name=None, op=None, prescale_factor=1.0,
                      postscale_factor=1.0, process_set=global_process_set):
     """In-place allreduce: ``array`` (C-contiguous) receives the result."""
-    # The per-tensor hot path (a step's gradients), kept free of helper calls.
     flags = array.flags
     if not (flags.c_contiguous and flags.writeable):
         raise ValueError("in-place allreduce needs a writeable C-contiguous array")
-    reduce_op = _ops.resolve_reduce_op(op, average)
-    ps = process_set_id(process_set)
-    ptr = ctypes.addressof(ctypes.c_char.from_buffer(array)) if array.nbytes else _ptr(array)
-    if name is None:
-        name = _ops.auto_name("allreduce", None, ps)
-    h = _ops.enqueue_allreduce(name, _dtype_code(array), array.shape, ptr, ptr, reduce_op,
-                               prescale_factor, postscale_factor, ps)
-    return _ops.ResultHandle(h, array, array)
+    return _allreduce_into(array, array, average, name, op, prescale_factor, postscale_factor,
+                           process_set)
 
 
 def _allreduce_into(array, out, average, name, op, prescale, postscale, process_set):
@@ -89,7 +82,7 @@ def _allreduce_into(array, out, average, name, op, prescale, postscale, process_
     in_ptr = _ptr(array)
     h = _ops.enqueue_allreduce(_ops.auto_name("allreduce", name, ps), _dtype_code(array),
                                array.shape, in_ptr, in_ptr if out is array else _ptr(out),
-                               reduce_op, float(prescale), float(postscale), ps)
+                               reduce_op, prescale, postscale, ps)
     return _ops.ResultHandle(h, out, keepalive=array)
 
 

@@ -19,7 +19,6 @@ namespace shvd {
 
 struct CoordinatorOptions {
   size_t fusion_threshold_bytes = 128u << 20;
-  double cycle_time_ms = 0.5;          // a rank's burst window (Engine::in_burst_)
   size_t cache_capacity = 1024;        // response-cache entries (0 disables)
   double stall_warning_seconds = 60;   // <= 0 disables the stall inspector
   double stall_shutdown_seconds = 0;   // > 0: abort the job after this long

@@ -44,6 +44,7 @@ struct EngineOptions {
   // After activity the engine polls for this long before sleeping: back-to-back collectives
   // (a training step's gradients, latency-bound loops) then skip two thread wake-ups each.
   double spin_microseconds = 200;
+  double cycle_time_ms = 0.5;  // a burst's window (see Engine::in_burst_)
   // See Engine::overlap_. -1: decide from the host (off when ranks * 2 threads > CPUs).
   int overlap = -1;
 };
@@ -164,7 +165,7 @@ class Engine {
   bool overlap_ = true;
   Clock::duration cycle_time() const {
     return std::chrono::duration_cast<Clock::duration>(
-        std::chrono::duration<double, std::milli>(options_.coordinator.cycle_time_ms));
+        std::chrono::duration<double, std::milli>(options_.cycle_time_ms));
   }
   bool shutdown_sent_ = false;
   bool finished_ = false;

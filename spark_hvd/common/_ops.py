@@ -50,21 +50,26 @@ def resolve_reduce_op(op, average, default=Average):
 _RECORD_FORMATS = {}
 
 
+def _record_format(key):
+    """The Struct for a record of key = (name length, group length, shape+splits length)."""
+    fmt = _RECORD_FORMATS.get(key)
+    if fmt is None:
+        if len(_RECORD_FORMATS) > 4096:
+            _RECORD_FORMATS.clear()
+        fmt = _RECORD_FORMATS[key] = struct.Struct("<8i2q2d2i{}s{}s{}q".format(*key))
+    return fmt
+
+
 def make_op(kind, name, dtype, shape, input_ptr, output_ptr, reduce_op=Sum, prescale=1.0,
             postscale=1.0, root_rank=0, process_set=0, splits=(), group=None, group_size=0):
     """Serialises one op description for ``shvd_enqueue_packed`` (layout in spark_hvd.h)."""
     name_b = name.encode()
     group_b = group.encode() if group else b""
     ndim, nsplits = len(shape), len(splits)
-    key = (len(name_b), len(group_b), ndim + nsplits)
-    fmt = _RECORD_FORMATS.get(key)
-    if fmt is None:
-        if len(_RECORD_FORMATS) > 4096:
-            _RECORD_FORMATS.clear()
-        fmt = _RECORD_FORMATS[key] = struct.Struct(f"<8i2q2d2i{key[0]}s{key[1]}s{key[2]}q")
+    fmt = _record_format((len(name_b), len(group_b), ndim + nsplits))
     return fmt.pack(kind, dtype, reduce_op, root_rank, process_set, ndim, nsplits, group_size,
-                    input_ptr or 0, output_ptr or 0, prescale, postscale, key[0], key[1],
-                    name_b, group_b, *shape, *splits)
+                    input_ptr or 0, output_ptr or 0, prescale, postscale, len(name_b),
+                    len(group_b), name_b, group_b, *shape, *splits)
 
 
 def enqueue_allreduce(name, dtype, shape, input_ptr, output_ptr, reduce_op, prescale, postscale,
@@ -74,11 +79,13 @@ def enqueue_allreduce(name, dtype, shape, input_ptr, output_ptr, reduce_op, pres
     name_b = name.encode() if type(name) is str else str(name).encode()
     ndim = len(shape)
     key = (len(name_b), 0, ndim)
-    fmt = _RECORD_FORMATS.get(key)
-    if fmt is None:
-        fmt = _RECORD_FORMATS[key] = struct.Struct(f"<8i2q2d2i{key[0]}s0s{ndim}q")
-    record = fmt.pack(OP_ALLREDUCE, dtype, reduce_op, 0, process_set, ndim, 0, 0, input_ptr,
-                      output_ptr, prescale, postscale, key[0], 0, name_b, b"", *shape)
+    record = (_RECORD_FORMATS.get(key) or _record_format(key)).pack(
+        OP_ALLREDUCE, dtype, reduce_op, 0, process_set, ndim, 0, 0, input_ptr, output_ptr,
+        prescale, postscale, len(name_b), 0, name_b, b"", *shape)
+    return _enqueue_record(record)
+
+
+def _enqueue_record(record):
     handle = lib.shvd_enqueue_record(record, len(record))
     if handle == -1:
         _enqueue_failed()
@@ -101,11 +108,7 @@ def enqueue(records):
 
 
 def enqueue_one(kind, name, dtype, shape, input_ptr, output_ptr, **kwargs):
-    record = make_op(kind, name, dtype, shape, input_ptr, output_ptr, **kwargs)
-    handle = lib.shvd_enqueue_record(record, len(record))
-    if handle == -1:
-        _enqueue_failed()
-    return handle
+    return _enqueue_record(make_op(kind, name, dtype, shape, input_ptr, output_ptr, **kwargs))
 
 
 def poll(handle_id):

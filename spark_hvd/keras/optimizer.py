@@ -22,10 +22,7 @@ import tensorflow as tf
 from ..common.process_sets import global_process_set
 from ..tensorflow.collectives import Average
 from ..tensorflow.compression import Compression
-from ..tensorflow.gradient_tape import GradientAllreducer, check_args
-
-_SPARSE_ACCUMULATION = ("IndexedSlices are not supported when `backward_passes_per_step` > 1 "
-                        "and `sparse_as_dense` is False.")
+from ..tensorflow.gradient_tape import GradientAllreducer, check_args, dense_for_accumulation
 
 
 class _State:
@@ -84,10 +81,7 @@ class _DistributedOptimizer:
         for g, acc in zip(grads, accumulators):
             if g is None:
                 continue
-            if isinstance(g, tf.IndexedSlices):
-                if not state.sparse_as_dense:
-                    raise ValueError(_SPARSE_ACCUMULATION)
-                g = tf.convert_to_tensor(g)
+            g = dense_for_accumulation(g, state.sparse_as_dense)
             acc.assign_add(tf.cast(g, acc.dtype))
         state.counter.assign_add(1)
         present = [g is not None for g in grads]

@@ -26,6 +26,18 @@ def _is_variable_or_tensor(x):
     return isinstance(x, (tf.Variable, tf.Tensor)) or hasattr(x, "assign")
 
 
+def dense_for_accumulation(grad, sparse_as_dense):
+    """``grad`` as a dense tensor to add into a local sum (``backward_passes_per_step > 1``);
+    ``tf.IndexedSlices`` only with ``sparse_as_dense``, as in Horovod."""
+    if isinstance(grad, tf.IndexedSlices):
+        if not sparse_as_dense:
+            raise ValueError("IndexedSlices are not supported when `backward_passes_per_step` > "
+                             "1 and `sparse_as_dense` is False: pass sparse_as_dense=True to "
+                             "accumulate them as dense gradients.")
+        return tf.convert_to_tensor(grad)
+    return grad
+
+
 def check_args(op, gradient_predivide_factor, num_groups, groups):
     """Horovod's argument rules; returns ``groups``. Adasum is not supported yet."""
     groups = check_optimizer_args(op, gradient_predivide_factor, num_groups, groups,

@@ -25,7 +25,7 @@ from ..common.process_sets import global_process_set
 from .collectives import Average
 from .compression import Compression
 from .functions import broadcast_variables
-from .gradient_tape import GradientAllreducer, check_args
+from .gradient_tape import GradientAllreducer, check_args, dense_for_accumulation
 
 _LegacyOptimizer = tf.compat.v1.train.Optimizer
 
@@ -45,14 +45,6 @@ class _PassAccumulator:
         self.sums = None
         self.counter = None
 
-    def _dense(self, grad):
-        if isinstance(grad, tf.IndexedSlices):
-            if not self.sparse_as_dense:
-                raise ValueError("backward_passes_per_step > 1 accumulates dense gradients: "
-                                 "pass sparse_as_dense=True for tf.IndexedSlices gradients")
-            return tf.convert_to_tensor(grad)
-        return grad
-
     def _local_variable(self, initial, name):
         # Per-rank state: a local variable, which MonitoredTrainingSession initializes and
         # BroadcastGlobalVariablesHook (global variables only) leaves alone.
@@ -62,7 +54,7 @@ class _PassAccumulator:
     def gradients(self, grads, variables):
         """The allreduced sums on every N-th pass, this pass's local gradients otherwise."""
         present = [i for i, g in enumerate(grads) if g is not None]
-        dense = [self._dense(grads[i]) for i in present]
+        dense = [dense_for_accumulation(grads[i], self.sparse_as_dense) for i in present]
         if self.sums is None:
             self.counter = self._local_variable(tf.constant(0, tf.int32), "passes_counter")
             self.sums = [self._local_variable(tf.zeros_like(g), f"gradient_sum_{i}")
