@@ -250,3 +250,18 @@ def regression_df(spark):
     rows = [(Vectors.dense(xi.tolist()), float(yi), float(1 + i % 2), i % 8 == 0)
             for i, (xi, yi) in enumerate(zip(x, y))]
     return spark.createDataFrame(rows, ["features", "label", "weight", "is_val"])
+
+
+@pytest.fixture(scope="session")
+def two_inputs_df(spark):
+    """Two inputs (a sparse 4-vector, a 2x3 array) and two regression labels, 256 rows: for
+    the multi-input / multi-output estimator tests (same data for Torch and Keras)."""
+    import numpy as np
+    from pyspark.ml.linalg import Vectors
+    rng = np.random.default_rng(3)
+    rows = []
+    for _ in range(256):
+        vec, grid = rng.normal(size=4), rng.normal(size=(2, 3))
+        rows.append((Vectors.sparse(4, {0: float(vec[0]), 2: float(vec[2])}),
+                     grid.tolist(), float(vec[0] - vec[2]), float(grid.sum())))
+    return spark.createDataFrame(rows, ["vec", "grid", "y1", "y2"])

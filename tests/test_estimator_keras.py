@@ -128,15 +128,9 @@ def test_resume_by_run_id(spark, regression_df, tmp_path):
     assert int(second.getModel().optimizer.iterations) == 3 * steps
 
 
-def test_compiled_two_inputs_two_outputs_and_checkpoint_callback(spark, tmp_path):
-    from pyspark.ml.linalg import Vectors
-    rng = np.random.default_rng(3)
-    rows = []
-    for _ in range(256):
-        vec, grid = rng.normal(size=4), rng.normal(size=(2, 3))
-        rows.append((Vectors.sparse(4, {0: float(vec[0]), 2: float(vec[2])}),
-                     grid.tolist(), float(vec[0] - vec[2]), float(grid.sum())))
-    df = spark.createDataFrame(rows, ["vec", "grid", "y1", "y2"])
+def test_compiled_two_inputs_two_outputs_and_checkpoint_callback(spark, tmp_path,
+                                                                 two_inputs_df):
+    df = two_inputs_df
     model = fns.two_in_two_out()
     # Compiled: optimizer and losses come from the model. The checkpoint callback keeps only
     # the *worst* epoch (the first), so the model fit returns is epoch 0's.
@@ -211,16 +205,9 @@ def test_param_errors(spark, regression_df, tmp_path):
 
 @pytest.mark.slow
 def test_example_with_spark_submit(tmp_path):
-    from test_spark_cluster import _env, _run, _submit_args
+    from test_spark_cluster import _check_estimator_example, _env, _run, _submit_args
     example = Path(__file__).resolve().parent.parent / "examples" / "spark" / \
         "keras_estimator.py"
     args = _submit_args("local[2]", tmp_path) + [example, "--rows", "2000", "--epochs", "2",
                                                  "--store", tmp_path / "store"]
-    result = _run(args, _env(tmp_path), timeout=360)
-    assert result.returncode == 0, f"{result.stdout[-5000:]}\n{result.stderr[-8000:]}"
-    out = result.stdout
-    assert "Epoch 2/2 - accuracy:" in out, out[-3000:]
-    accuracy = [float(line.split()[-1]) for line in out.splitlines()
-                if line.startswith("test accuracy:")]
-    assert accuracy and accuracy[0] > 0.6, out[-3000:]
-    assert "reloaded from" in out, out[-3000:]
+    _check_estimator_example(_run(args, _env(tmp_path), timeout=360))

@@ -149,15 +149,8 @@ def test_resume_after_a_rank_is_killed(spark, regression_df, tmp_path):
     assert [e for e, _ in store.list_checkpoints("resumable")][-1] == 3
 
 
-def test_two_inputs_two_outputs_and_output_cols(spark, tmp_path):
-    from pyspark.ml.linalg import Vectors
-    rng = np.random.default_rng(3)
-    rows = []
-    for i in range(256):
-        vec, grid = rng.normal(size=4), rng.normal(size=(2, 3))
-        rows.append((Vectors.sparse(4, {0: float(vec[0]), 2: float(vec[2])}),
-                     grid.tolist(), float(vec[0] - vec[2]), float(grid.sum())))
-    df = spark.createDataFrame(rows, ["vec", "grid", "y1", "y2"])
+def test_two_inputs_two_outputs_and_output_cols(spark, tmp_path, two_inputs_df):
+    df = two_inputs_df
     model = estimator_fns.TwoInputs()
     logs = tmp_path / "callbacks"
     logs.mkdir()

@@ -354,6 +354,11 @@ def misc_checks(c, n, rank):
         acc_opt.apply_gradients(pairs)
         want = [0.0] * 3 if p == 0 else [-2.0, -1.0, -float(n - 1)]
         c.check(close(acc_v.numpy(), want), f"v1 bpps=2 eager pass {p}: {acc_v.numpy()}")
+    table = tf.Variable(np.ones((4, 2), np.float32))
+    sparse_opt = hvd.DistributedOptimizer(tf.compat.v1.train.GradientDescentOptimizer(1.0),
+                                          backward_passes_per_step=2)
+    c.raises("v1/bpps sparse", ValueError, sparse_opt.compute_gradients,
+             lambda: tf.reduce_sum(tf.gather(table, [0, 2])), [table], match="sparse_as_dense")
     c.raises("v1/bpps0", ValueError, hvd.DistributedOptimizer,
              tf.compat.v1.train.GradientDescentOptimizer(1.0), backward_passes_per_step=0)
     # hvd.tensorflow.DistributedOptimizer hands Keras optimizers to spark_hvd.keras
