@@ -233,7 +233,7 @@ void scale_half(uint16_t* p, size_t n, double factor) {
 // dst = (a + b) * factor in the same arithmetic as a sum then scale_plain, copied to dst2:
 // one pass over the data instead of three (sum, scale, copy).
 template <class T>
-void sum_scaled_twice(T* __restrict dst, T* dst2, const T* a, const T* b, size_t n,
+void sum_scaled_twice(T* dst, T* dst2, const T* a, const T* b, size_t n,
                       double factor) {
   if (factor == 1.0) {
     for (size_t i = 0; i < n; ++i) {

@@ -18,8 +18,8 @@ void reduce_into(void* dst, const void* src, size_t count, DataType dtype, Reduc
 void reduce_out(void* dst, const void* a, const void* b, size_t count, DataType dtype,
                 ReduceOp op);
 
-// dst = op(a, b) scaled by `factor` (as scale_buffer would), also written to `copy_to` (which
-// may alias a or b, element for element): one pass for the common float Sum/Average case.
+// dst = op(a, b) scaled by `factor` (as scale_buffer would), also written to `copy_to` (dst and
+// copy_to may each alias a or b, element for element): one pass for float Sum/Average.
 void reduce_out_scaled(void* dst, void* copy_to, const void* a, const void* b, size_t count,
                        DataType dtype, ReduceOp op, double factor);
 

@@ -231,33 +231,20 @@ void SharedMemoryGroup::allreduce(const Communicator& comm, const std::vector<Se
     // 2. reduce my slice in member order (mine straight from my tensors) into the result.
     wait_all(comm, kIn, c.seq);
     uint8_t* out = result(c.b) + lo(c, me) * esize;
-    if (n == 2) {
-      // Two members: reduce, scale and write my own tensor's slice in one pass.
-      data.for_range(slice_pos(c, me), slice_bytes(c, me),
-                     [&](const uint8_t* in, uint8_t* dst, size_t len, size_t at) {
-                       const uint8_t* peer = slot(1 - me, c.b) + lo(c, me) * esize + at;
-                       reduce_out_scaled(out + at, dst, me == 0 ? in : peer, me == 0 ? peer : in,
-                                         len / esize, dtype, op, scale);
-                     });
-      mine[kReduced].value.store(c.seq, std::memory_order_release);
-    } else {
-      data.for_range(slice_pos(c, me), slice_bytes(c, me),
-                     [&](const uint8_t* in, uint8_t*, size_t len, size_t at) {
-                       auto src = [&](int m) -> const uint8_t* {
-                         return m == me ? in : slot(m, c.b) + lo(c, me) * esize + at;
-                       };
-                       const size_t e = len / esize;
-                       reduce_out(out + at, src(0), src(1), e, dtype, op);
-                       for (int m = 2; m < n; ++m) reduce_into(out + at, src(m), e, dtype, op);
-                     });
-      if (scale != 1.0 && slice_bytes(c, me))
-        scale_buffer(out, slice_bytes(c, me) / esize, dtype, scale);
-      mine[kReduced].value.store(c.seq, std::memory_order_release);
-      data.for_range(slice_pos(c, me), slice_bytes(c, me),
-                     [&](const uint8_t*, uint8_t* dst, size_t len, size_t at) {
-                       std::memcpy(dst, out + at, len);
-                     });
-    }
+    // Members 0..n-2 are summed into the shared result, then the last one is added, scaled
+    // and written to both the result and my own tensor in one pass.
+    data.for_range(slice_pos(c, me), slice_bytes(c, me),
+                   [&](const uint8_t* in, uint8_t* dst, size_t len, size_t at) {
+                     auto src = [&](int m) -> const uint8_t* {
+                       return m == me ? in : slot(m, c.b) + lo(c, me) * esize + at;
+                     };
+                     const size_t e = len / esize;
+                     if (n > 2) reduce_out(out + at, src(0), src(1), e, dtype, op);
+                     for (int m = 2; m < n - 1; ++m) reduce_into(out + at, src(m), e, dtype, op);
+                     reduce_out_scaled(out + at, dst, n > 2 ? out + at : src(0), src(n - 1), e,
+                                       dtype, op, scale);
+                   });
+    mine[kReduced].value.store(c.seq, std::memory_order_release);
     // Software pipelining: publish the next chunk before waiting for the others' reductions,
     // so a member that runs late finds its inputs ready instead of stalling everyone.
     if (k + 1 < chunks) copy_in(chunk(k + 1));

@@ -347,7 +347,7 @@ bool Coordinator::fail_if_in_group(const std::string& name,
   return true;
 }
 
-std::vector<Response> Coordinator::take_ready(Clock::time_point now) {
+std::vector<Response> Coordinator::take_ready() {
   // No holding back for stragglers here: ranks already send a step's requests in bursts
   // (Engine::in_burst_), and a rank that runs ahead would otherwise delay everyone's results.
   if (ready_.empty()) return {};
@@ -401,11 +401,6 @@ std::vector<Response> Coordinator::take_ready(Clock::time_point now) {
   }
   ready_ = std::move(held);
   return fuse(std::move(responses));
-}
-
-Coordinator::Clock::time_point Coordinator::next_deadline(Clock::time_point now) const {
-  // Ready tensors are answered at once; this only paces the stall inspector.
-  return now + std::chrono::seconds(1);
 }
 
 std::string Coordinator::inspect_stalls(Clock::time_point now,

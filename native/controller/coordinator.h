@@ -34,10 +34,7 @@ class Coordinator {
   void add_batch(const RequestBatch& batch);
 
   // Responses for every tensor that is ready on all members (fused where possible).
-  std::vector<Response> take_ready(Clock::time_point now);
-
-  // The latest time the engine should wake up again for take_ready / stall checks.
-  Clock::time_point next_deadline(Clock::time_point now) const;
+  std::vector<Response> take_ready();
 
   bool all_shut_down() const { return int(shut_down_.size()) == world_size_; }
 

@@ -195,8 +195,8 @@ bool Engine::wait_for_work() {
     if (link) fds.push_back({link->fd(), POLLIN, 0});
   pollfd* control_fds = fds.data() + 1;
   const nfds_t ncontrol = fds.size() - 1;
-  auto deadline = Clock::now() + std::chrono::seconds(1);
-  if (coordinator_) deadline = coordinator_->next_deadline(Clock::now());
+  // Wake at least once a second: the coordinator's stall inspector runs on wake-ups.
+  const auto deadline = Clock::now() + std::chrono::seconds(1);
 
   if (in_burst_) {
     // Sleep through the burst. The seq_cst pairs batching_/waiters() and
@@ -356,7 +356,7 @@ void Engine::run_coordinator(bool burst_over) {
   if (!stall.empty()) throw PeerLostError(stall);
 
   ResponseBatch batch;
-  batch.responses = coordinator_->take_ready(now);
+  batch.responses = coordinator_->take_ready();
   if (timeline_.active()) {
     // Negotiated: from here until its collective starts, a tensor waits behind earlier ones.
     for (const Response& resp : batch.responses)

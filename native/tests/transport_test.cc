@@ -354,7 +354,10 @@ void test_kernels() {
             throw Failure("reduce_out_scaled " + what);
           reduce_out_scaled(dst2.data(), aa.data(), aa.data(), b.data(), n, t, op, k);
           reduce_out_scaled(dst3.data(), bb.data(), a.data(), bb.data(), n, t, op, k);
-          if (aa != want_scaled || bb != want_scaled || dst2 != want_scaled || dst3 != want_scaled)
+          std::vector<uint8_t> partial = a, copy2(n * es);  // dst aliases a (3+ members)
+          reduce_out_scaled(partial.data(), copy2.data(), partial.data(), b.data(), n, t, op, k);
+          if (aa != want_scaled || bb != want_scaled || dst2 != want_scaled ||
+              dst3 != want_scaled || partial != want_scaled || copy2 != want_scaled)
             throw Failure("reduce_out_scaled aliased " + what);
         }
       }
