@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Build the native core (native/**/*.cc) into spark_hvd/_core/libspark_hvd_core.so.
+"""Build the native core (native/**/*.cc) into spark_hvd/_core/libspark_hvd_core.so, and, when
+TensorFlow is importable, its graph ops (native/tensorflow/) into libspark_hvd_tf.so.
 
 The library is a plain C-ABI shared object loaded with ctypes: it needs no Python headers, torch
 or TensorFlow, so one build serves every framework and Python version. Builds are incremental:
@@ -11,12 +12,18 @@ the old library, so processes that already loaded the old one are not disturbed.
     python build.py               # optimised build (-O3)
     python build.py --debug       # -O0 -g, same output path
     python build.py --asan        # --debug plus AddressSanitizer (needs LD_PRELOAD=libasan.so)
-    python build.py --clean       # remove build/native and the library
+    python build.py --clean       # remove build/native and the libraries
+    python build.py --no-tensorflow   # the core only
     python build.py -j 4 -v       # 4 parallel compiles, print every command
 
 Environment: CXX (compiler, default g++), CXXFLAGS / LDFLAGS (appended), SPARK_HVD_BUILD_JOBS,
 SPARK_HVD_NATIVE_DIR (source tree, default ./native; used for testing the build itself).
 setup.py imports build() from here, so `pip install .` / `pip install -e .` build the library.
+
+The TensorFlow op library is built against the TensorFlow that the building interpreter
+imports (its headers and libtensorflow_framework), and rebuilt when that version or its sources
+change. It is optional: without it spark_hvd.tensorflow runs graph collectives as
+tf.numpy_function nodes.
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ import argparse
 import concurrent.futures
 import contextlib
 import fcntl
+import json
 import os
 import shlex
 import shutil
@@ -35,6 +43,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent
 LIB_NAME = "libspark_hvd_core.so"
+TF_LIB_NAME = "libspark_hvd_tf.so"
 DEFAULT_SRC = ROOT / "native"
 DEFAULT_BUILD = ROOT / "build" / "native"
 DEFAULT_OUT = ROOT / "spark_hvd" / "_core" / LIB_NAME
@@ -65,8 +74,9 @@ def _env_flags(name: str) -> list[str]:
     return shlex.split(os.environ.get(name, ""))
 
 
-# Standalone test programs (with their own main) live here and are built by their tests.
-EXCLUDED_DIRS = ("tests",)
+# Standalone test programs (with their own main) live in tests/ and are built by their tests;
+# tensorflow/ holds the TensorFlow op library (build_tensorflow_ops), not part of the core.
+EXCLUDED_DIRS = ("tests", "tensorflow")
 
 
 def _sources(src_dir: Path) -> list[Path]:
@@ -136,6 +146,24 @@ def _compile_one(cmd: list[str], src: Path, obj: Path, verbose: bool) -> tuple[P
     os.replace(tmp_dep, obj.with_suffix(".d"))
     os.replace(tmp, obj)
     return src, output
+
+
+def _produce(cmd: list[str], output: Path, what: str, verbose: bool) -> None:
+    """Runs ``cmd -o <temp>`` and renames the temp file over ``output``, so that processes which
+    already loaded the old library are not disturbed and a failure leaves the old one."""
+    tmp = output.with_name(output.name + f".tmp{os.getpid()}")
+    cmd = cmd + ["-o", str(tmp)]
+    if verbose:
+        print(" ".join(shlex.quote(c) for c in cmd), flush=True)
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    out = (proc.stdout + proc.stderr).strip()
+    if proc.returncode != 0:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise BuildError(f"{what} {output.name} failed (exit {proc.returncode}):\n{out}")
+    if out:
+        print(f"[build] {what} {output.name}:\n{out}", flush=True)
+    os.replace(tmp, output)
 
 
 @contextlib.contextmanager
@@ -261,23 +289,79 @@ def build(
             or max(o.stat().st_mtime for o in objects) > output.stat().st_mtime
         )
         if need_link:
-            tmp = output.with_name(output.name + f".tmp{os.getpid()}")
-            cmd = link_cmd + ["-o", str(tmp)]
-            if verbose:
-                print(" ".join(shlex.quote(c) for c in cmd), flush=True)
-            proc = subprocess.run(cmd, capture_output=True, text=True)
-            out = (proc.stdout + proc.stderr).strip()
-            if proc.returncode != 0:
-                with contextlib.suppress(OSError):
-                    tmp.unlink()
-                raise BuildError(f"linking {output.name} failed (exit {proc.returncode}):\n{out}")
-            if out:
-                print(f"[build] link:\n{out}", flush=True)
-            os.replace(tmp, output)
+            _produce(link_cmd, output, "linking", verbose)
             link_stamp.write_text(link_sig)
             _log(f"linked {_display(output)} in {time.monotonic() - t0:.1f}s", quiet)
         else:
             _log(f"{_display(output)} up to date", quiet)
+    return output
+
+
+def _tensorflow_config(python: str) -> dict | None:
+    """Compile/link flags and version of the TensorFlow that ``python`` imports, or None."""
+    code = ("import json, tensorflow as tf; print(json.dumps({'compile': "
+            "tf.sysconfig.get_compile_flags(), 'link': tf.sysconfig.get_link_flags(), "
+            "'version': tf.__version__}))")
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", CUDA_VISIBLE_DEVICES="")
+    try:
+        proc = subprocess.run([python, "-c", code], capture_output=True, text=True, env=env,
+                              timeout=300)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if proc.returncode != 0 or not proc.stdout.strip():
+        return None
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def build_tensorflow_ops(
+    core: Path,
+    debug: bool = False,
+    verbose: bool = False,
+    quiet: bool = False,
+    src_dir: str | os.PathLike | None = None,
+    build_dir: str | os.PathLike | None = None,
+    python: str | None = None,
+) -> Path | None:
+    """Compile native/tensorflow/*.cc against the TensorFlow that ``python`` (default: this
+    interpreter) imports, into libspark_hvd_tf.so next to ``core``, linked to the core.
+
+    Returns the library path, or None when TensorFlow is not importable (nothing to build
+    against; spark_hvd.tensorflow then uses tf.numpy_function). Raises BuildError when the
+    compile fails.
+    """
+    src_dir = Path(src_dir or os.environ.get("SPARK_HVD_NATIVE_DIR") or DEFAULT_SRC).resolve()
+    build_root = Path(build_dir or DEFAULT_BUILD).resolve()
+    sources = sorted((src_dir / "tensorflow").glob("*.cc"))
+    if not sources:
+        return None
+    tf = _tensorflow_config(python or sys.executable)
+    if tf is None:
+        _log("TensorFlow is not importable here: skipping its graph ops "
+             "(spark_hvd.tensorflow will use tf.numpy_function)", quiet)
+        return None
+    output = Path(core).parent / TF_LIB_NAME
+    # TensorFlow's headers as system headers: their own deprecation warnings are not ours.
+    tf_compile = [f"-isystem{f[2:]}" if f.startswith("-I") else f for f in tf["compile"]]
+    cmd = (
+        _compiler() + BASE_FLAGS + (DEBUG_FLAGS if debug else RELEASE_FLAGS) + tf_compile
+        + [f"-I{src_dir}", "-shared"] + _env_flags("CXXFLAGS") + [str(s) for s in sources]
+        + [f"-L{output.parent}", f"-l:{LIB_NAME}", "-Wl,-rpath,$ORIGIN", "-Wl,--no-undefined"]
+        + tf["link"] + _env_flags("LDFLAGS")
+    )
+    inputs = sources + [src_dir / "include" / "spark_hvd.h", src_dir / "common" / "types.h"]
+    stamp = build_root / "tensorflow_stamp"
+    signature = " ".join(cmd) + f"\ntensorflow={tf['version']}\n"
+    with _lock(build_root):
+        if (output.exists() and stamp.exists() and stamp.read_text() == signature
+                and max(p.stat().st_mtime for p in inputs if p.exists())
+                <= output.stat().st_mtime):
+            _log(f"{_display(output)} up to date (TensorFlow {tf['version']})", quiet)
+            return output
+        t0 = time.monotonic()
+        _produce(cmd, output, "building", verbose)
+        stamp.write_text(signature)
+        _log(f"built {_display(output)} against TensorFlow {tf['version']} in "
+             f"{time.monotonic() - t0:.1f}s", quiet)
     return output
 
 
@@ -295,9 +379,10 @@ def clean(build_dir: str | os.PathLike | None = None, output: str | os.PathLike 
     if build_root.exists():
         shutil.rmtree(build_root)
         _log(f"removed {_display(build_root)}", quiet)
-    if output.exists():
-        output.unlink()
-        _log(f"removed {_display(output)}", quiet)
+    for lib in (output, output.parent / TF_LIB_NAME):
+        if lib.exists():
+            lib.unlink()
+            _log(f"removed {_display(lib)}", quiet)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -308,6 +393,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("-j", "--jobs", type=int, default=None, help="parallel compiles (default 2)")
     ap.add_argument("-v", "--verbose", action="store_true", help="print every command")
     ap.add_argument("-q", "--quiet", action="store_true", help="print only warnings and errors")
+    ap.add_argument("--no-tensorflow", action="store_true",
+                    help="skip the TensorFlow op library even when TensorFlow is importable")
     ap.add_argument("--src", default=None, help="source tree (default native/)")
     ap.add_argument("--build-dir", default=None, help="object directory (default build/native/)")
     ap.add_argument("--output", default=None, help=f"library path (default spark_hvd/_core/{LIB_NAME})")
@@ -317,8 +404,12 @@ def main(argv: list[str] | None = None) -> int:
         clean(args.build_dir, args.output, args.quiet)
         return 0
     try:
-        build(debug=args.debug, asan=args.asan, jobs=args.jobs, verbose=args.verbose,
-              quiet=args.quiet, src_dir=args.src, build_dir=args.build_dir, output=args.output)
+        core = build(debug=args.debug, asan=args.asan, jobs=args.jobs, verbose=args.verbose,
+                     quiet=args.quiet, src_dir=args.src, build_dir=args.build_dir,
+                     output=args.output)
+        if core is not None and not args.no_tensorflow and not args.asan:
+            build_tensorflow_ops(core, debug=args.debug, verbose=args.verbose, quiet=args.quiet,
+                                 src_dir=args.src, build_dir=args.build_dir)
     except BuildError as e:
         print(f"[build] ERROR: {e}", file=sys.stderr, flush=True)
         return 1

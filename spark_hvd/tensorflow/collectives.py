@@ -7,9 +7,13 @@ memory to the native core (pointer, dtype code, shape), waits, and returns the r
 - Eagerly, the kernel runs at once. CPU tensors are viewed without a copy; the core writes
   results into aligned NumPy buffers that become TF tensors through DLPack, also without a
   copy (TF's own ``Empty`` op costs more than the collective for small tensors).
-- In a graph (``tf.function``, ``tf.compat.v1``) the kernel becomes one ``tf.numpy_function``
-  node (stateful, so ``tf.function``'s automatic control dependencies keep the collectives in
-  program order on every rank) with its static output shapes set.
+- In a graph (``tf.function``, ``tf.compat.v1``) allreduces (plain and grouped: every gradient
+  path) become one ``SparkHvdAllreduce`` node of the op library that build.py compiles against
+  the installed TensorFlow (native/tensorflow/): no Python in the step, and a gradient nothing
+  else reads is reduced in place. The other collectives, and allreduces when the library is
+  missing or ``SPARK_HVD_TF_OPS=0``, become one ``tf.numpy_function`` node running the kernel.
+  Both kinds are stateful, so ``tf.function``'s automatic control dependencies keep the
+  collectives in program order on every rank, and have their static output shapes set.
 
 Names: an unnamed op gets Horovod's per-kind number when it runs eagerly. In a ``tf.function``
 the name is fixed when the function is traced, from the outermost function's name and a
@@ -24,8 +28,10 @@ rank: eagerly as :class:`CollectiveError` (a ``ValueError``, ``RuntimeError`` an
 
 import ctypes
 import itertools
+import os
 import sys
 import threading
+import warnings
 import weakref
 
 import numpy as np
@@ -288,6 +294,34 @@ def _alltoall_kernel(name, set_id, want):
     return run
 
 
+# -- the native graph op (optional) ---------------------------------------------------------
+
+_GRAPH_OPS_PATH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                               "_core", "libspark_hvd_tf.so")
+_graph_ops = None  # the loaded op module; False once found unavailable
+
+
+def graph_ops():
+    """The ``SparkHvdAllreduce`` op library, or None: graphs then use ``tf.numpy_function``.
+
+    None when ``SPARK_HVD_TF_OPS=0``, when it was not built (TensorFlow was not importable at
+    build time) or when it does not load (built against another TensorFlow: a warning says to
+    rebuild)."""
+    global _graph_ops
+    if _graph_ops is None:
+        _graph_ops = False
+        if os.environ.get("SPARK_HVD_TF_OPS", "1").strip().lower() in ("0", "false", "no", "off"):
+            pass
+        elif os.path.exists(_GRAPH_OPS_PATH):
+            try:
+                _graph_ops = tf.load_op_library(_GRAPH_OPS_PATH)
+            except Exception as e:  # noqa: BLE001 - any load failure means: use the fallback
+                warnings.warn(f"spark_hvd: cannot load {_GRAPH_OPS_PATH} ({e}); TensorFlow graphs "
+                              "use tf.numpy_function instead. Rebuild it against this "
+                              f"TensorFlow ({tf.__version__}) with `python build.py`.")
+    return _graph_ops or None
+
+
 # -- running a kernel eagerly or as a graph node --------------------------------------------
 
 def _eager_array(t):
@@ -337,6 +371,12 @@ def allreduce_list(tensors, name, op, prescale_factor, postscale_factor, process
         return []
     set_id = process_set_id(process_set)
     group, names = _op_names("allreduce", name, set_id, grouped, len(tensors))
+    ops = None if tf.executing_eagerly() else graph_ops()
+    if ops is not None:
+        return list(ops.spark_hvd_allreduce(
+            tensors, tensor_names=names, group=group or "", reduce_op=int(op),
+            prescale=repr(float(prescale_factor)), postscale=repr(float(postscale_factor)),
+            process_set=int(set_id)))
     kernel = _allreduce_kernel(names, group, op, float(prescale_factor), float(postscale_factor),
                                set_id)
     return run_kernel(kernel, tensors, [t.dtype for t in tensors], [t.shape for t in tensors])

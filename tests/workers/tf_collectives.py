@@ -139,6 +139,45 @@ class Suite:
         for i, got, want in kept:
             self.expect(f"pooled result {i} after later ops", got, want, dtype)
 
+    def graph_op(self):
+        """Traced allreduces use the native SparkHvdAllreduce op (tf.numpy_function when
+        SPARK_HVD_TF_OPS=0). It reduces an input in place only when nothing else reads it: an
+        intermediate that the function also returns, or that is reduced twice in one group,
+        must come back unchanged."""
+        if self.mode == "eager":
+            return
+        ps = self.ps
+        traced = tf.function(lambda x: hvd.allreduce(x, process_set=ps)).get_concrete_function(
+            tf.TensorSpec([4], tf.float32))
+        kinds = {op.type for op in traced.graph.get_operations()}
+        native = os.environ.get("SPARK_HVD_TF_OPS", "1") != "0"
+        want, other = ("SparkHvdAllreduce", "PyFunc") if native else ("PyFunc",
+                                                                       "SparkHvdAllreduce")
+        self.c.check(want in kinds and other not in kinds, f"{self.label}: traced allreduce "
+                     f"has ops {sorted(kinds)}; expected {want}")
+        t = "allreduce/forwarding"
+        xs = self.inputs((5, 3), tf.float32, t)
+
+        def step(x):
+            # Distinct factors, so that grappler does not merge the products into one tensor.
+            a = x * 2.0  # read again below: must not be overwritten
+            b = x * 5.0  # reduced twice in one group
+            reduced_a = hvd.allreduce(a, op=hvd.Sum, process_set=ps)
+            pair = hvd.grouped_allreduce([b, b], op=hvd.Sum, process_set=ps)
+            # Read by the allreduce only: may be reduced in place.
+            return reduced_a, a, pair[0], pair[1], hvd.allreduce(x * 3.0, op=hvd.Sum,
+                                                                 process_set=ps)
+        got = self.c.run(t, tf.function(step), tf.constant(xs[self.me]))
+        if got is None:
+            return
+
+        def total(factor):
+            return ref_allreduce([factor * x for x in xs], "Sum", tf.float32)
+        for what, g, w in zip(("reduced", "input read again", "grouped twice [0]",
+                               "grouped twice [1]", "forwardable"), got,
+                              (total(2), 2 * xs[self.me], total(5), total(5), total(3))):
+            self.expect(f"{t}/{what}", g, w, tf.float32)
+
     def allreduce(self):
         c, ps = self.c, self.ps
         for dtype in DTYPES:
@@ -439,7 +478,7 @@ def main():
     for label, ps, members in suites:
         for mode in MODES:
             s = Suite(c, label, ps, members, mode)
-            for part in (s.allreduce, s.grouped_allreduce, s.allgather, s.broadcast,
+            for part in (s.graph_op, s.allreduce, s.grouped_allreduce, s.allgather, s.broadcast,
                          s.alltoall, s.reducescatter, s.gradients, s.buffers):
                 c.run(f"{s.label}/{part.__name__}", part)
     errors(c, n, rank, sets[0] if rank == 0 else None)
