@@ -34,11 +34,32 @@ size_t chunk_bytes_from_env() {
 }
 
 inline void cpu_relax() { __builtin_ia32_pause(); }
+
+// Moves the calling thread to another CPU of its affinity mask (the next one after `cpu`) and
+// restores the mask: a one-off migration, not pinning. False when there is no other CPU.
+bool move_to_other_cpu(int cpu) {
+  cpu_set_t allowed;
+  if (sched_getaffinity(0, sizeof allowed, &allowed) != 0) return false;
+  int target = -1;
+  for (int i = 1; i < CPU_SETSIZE && target < 0; ++i) {
+    const int c = (cpu + i) % CPU_SETSIZE;
+    if (CPU_ISSET(c, &allowed)) target = c;
+  }
+  if (target < 0 || target == cpu) return false;
+  cpu_set_t one;
+  CPU_ZERO(&one);
+  CPU_SET(target, &one);
+  if (sched_setaffinity(0, sizeof one, &one) != 0) return false;  // migrates before returning
+  sched_setaffinity(0, sizeof allowed, &allowed);
+  return true;
+}
 }  // namespace
 
-// Per member: three progress counters, each on its own cache line.
+// Per member: three progress counters and the CPU it last waited on (+1; 0: not known yet),
+// each on its own cache line.
 struct SharedMemoryGroup::Control {
   Counter seq[3];
+  Counter cpu;
 };
 
 static size_t control_bytes(int members) { return sizeof(SharedMemoryGroup::Control) * members; }
@@ -113,12 +134,28 @@ std::unique_ptr<SharedMemoryGroup> SharedMemoryGroup::create(const Communicator&
 
 void SharedMemoryGroup::wait_all(const Communicator& comm, int which, uint64_t target) {
   auto* ctl = static_cast<Control*>(base_);
+  // The scheduler sometimes wakes two members' engine threads on one CPU (wake-up placement
+  // follows the waker) while another CPU idles; the collective then runs serially at half
+  // speed until load balancing moves one, which takes milliseconds. So members publish their
+  // CPU, and the lower-numbered of two that share one moves itself once per collective to
+  // another CPU it may run on (the affinity mask is left as it was). Until then, spinning would
+  // only hold the CPU the peer needs: it yields at once instead.
+  uint64_t my_cpu = uint64_t(sched_getcpu()) + 1;
+  ctl[comm.rank].cpu.value.store(my_cpu, std::memory_order_relaxed);
   for (int m = 0; m < members_; ++m) {
     if (m == comm.rank) continue;
     std::atomic<uint64_t>& v = ctl[m].seq[which].value;
+    const std::atomic<uint64_t>& peer_cpu = ctl[m].cpu.value;
     int idle = 0;
     while (v.load(std::memory_order_acquire) < target) {
-      if (++idle < 4000) {
+      const bool shared_cpu = peer_cpu.load(std::memory_order_relaxed) == my_cpu;
+      if (shared_cpu && comm.rank < m && !moved_ && move_to_other_cpu(int(my_cpu) - 1)) {
+        moved_ = true;
+        my_cpu = uint64_t(sched_getcpu()) + 1;
+        ctl[comm.rank].cpu.value.store(my_cpu, std::memory_order_relaxed);
+        continue;
+      }
+      if (++idle < 4000 && !shared_cpu) {
         cpu_relax();
       } else {
         // Peers are slow (or gone): let others have the core, and watch for failures.
@@ -191,6 +228,7 @@ void SharedMemoryGroup::allreduce(const Communicator& comm, const std::vector<Se
   // Chunk and slice boundaries fall on element boundaries.
   const size_t chunk_elems = std::max<size_t>(n, chunk_bytes_ / esize / n * n);
   const size_t chunks = (count + chunk_elems - 1) / chunk_elems;
+  moved_ = false;
   const uint64_t base_seq = chunks_done_;
   chunks_done_ += chunks;
   auto* ctl = static_cast<Control*>(base_);

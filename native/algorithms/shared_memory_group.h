@@ -59,6 +59,7 @@ class SharedMemoryGroup {
   int members_;
   size_t chunk_bytes_;
   uint64_t chunks_done_ = 0;  // chunks processed so far, identical on every member
+  bool moved_ = false;        // this collective already moved off a CPU shared with a peer
 };
 
 }  // namespace shvd

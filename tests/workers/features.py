@@ -307,6 +307,47 @@ def progress(c):
     c.fields["overlap"] = os.environ.get("SPARK_HVD_OVERLAP", "auto")
 
 
+def _engine_thread():
+    deadline = time.monotonic() + 5  # the thread names itself once it runs
+    while time.monotonic() < deadline:
+        for tid in os.listdir("/proc/self/task"):
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                if f.read().strip() == "shvd-engine":
+                    return int(tid)
+        time.sleep(0.01)
+    raise AssertionError("no shvd-engine thread")
+
+
+def _last_cpu(tid):
+    with open(f"/proc/self/task/{tid}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[36])  # field 39, "processor"
+
+
+def shared_cpu(c, widen="1"):
+    """Both ranks' engine threads start a large shared-memory allreduce on one CPU, as the
+    scheduler's wake-up placement sometimes puts them. Rank 1's engine is pinned there; rank 0's
+    may run anywhere (``widen=1``) and then moves off the shared CPU, leaving its affinity mask
+    as it was. With both pinned (``widen=0``) they stay, and the allreduce still completes."""
+    rank, size = hvd.rank(), hvd.size()
+    cpus = sorted(os.sched_getaffinity(0))
+    engine = _engine_thread()
+    allowed = set(cpus) if widen == "1" and rank == 0 else {cpus[0]}
+    last = []
+    for trial in range(5):
+        os.sched_setaffinity(engine, {cpus[0]})
+        hvd.allreduce(np.zeros(1, np.float32), name=f"shared_cpu.settle.{trial}")  # runs there
+        os.sched_setaffinity(engine, allowed)
+        x = np.full(1 << 21, rank + 1, np.float32)  # 8 MiB: 16 pipeline chunks
+        got = hvd.allreduce(x, op=hvd.Sum, name=f"shared_cpu.big.{trial}")
+        last.append(_last_cpu(engine))
+        c.check((got == sum(range(1, size + 1))).all(), f"allreduce result {got[:4]}")
+        c.check(os.sched_getaffinity(engine) == allowed,
+                f"engine affinity {sorted(os.sched_getaffinity(engine))}, want {sorted(allowed)}")
+    c.fields["cpu"] = ",".join(map(str, last))
+    c.fields["shared"] = cpus[0]
+    c.fields["cpus"] = len(cpus)
+
+
 class FieldChecks(Checks):
     def __init__(self, rank):
         super().__init__(rank)
