@@ -14,6 +14,7 @@ from conftest import run_job
 
 @pytest.mark.timeout(90)
 @pytest.mark.parametrize("np_,transport,env", [
+    (1, "shm", {}),
     (2, "shm", {}),
     (3, "shm", {"SPARK_HVD_FUSION_THRESHOLD": "0"}),
     (3, "tcp", {}),
@@ -23,12 +24,13 @@ from conftest import run_job
     (2, "shm", {"SPARK_HVD_OVERLAP": "1"}),
     (3, "tcp", {"SPARK_HVD_OVERLAP": "0"}),
     (2, "shm", {"SPARK_HVD_CYCLE_TIME": "0"}),
-], ids=["shm-2", "shm-3-nofusion", "tcp-3", "tcp-2-nofusion", "tcp-3-nocache",
+], ids=["one-rank", "shm-2", "shm-3-nofusion", "tcp-3", "tcp-2-nofusion", "tcp-3-nocache",
         "hosts-2-tinycache-tinyfusion", "shm-2-overlap", "tcp-3-defer", "shm-2-nocycle"])
 def test_fusion_and_cache(np_, transport, env):
     """120 small tensors of mixed dtypes/ops submitted asynchronously (odd ranks in reverse
     order) equal the one-by-one results bitwise and the NumPy reference; three rounds reuse the
-    names (response cache), the last with new shapes under the same names."""
+    names (response cache), the last with new shapes under the same names. Also scaled ops
+    fused together. One rank takes the core's shortcut for one-member sets."""
     r = run_job(np_, "features", "fusion", transport=transport, env=env, timeout=80)
     r.assert_ok(np_)
     if "SPARK_HVD_FUSION_THRESHOLD" in env:

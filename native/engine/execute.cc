@@ -62,6 +62,20 @@ void Engine::run_allreduce(const Response& r, std::vector<Entry*>& entries,
     if (post != 1.0) scale_buffer(buf, total, r.dtype, post);
   };
 
+  // A set of one member: the result is the (scaled) input. Tensor by tensor, without the
+  // fusion buffer's copy in and out (the same scalings in the same order as the general path).
+  if (comm.size == 1) {
+    phase(timeline_, r.names, "ALLREDUCE", [&] {
+      for (size_t i = 0; i < entries.size(); ++i) {
+        Entry* e = entries[i];
+        if (!e) continue;
+        if (e->output != e->input) std::memcpy(e->output, e->input, counts[i] * esize);
+        if (r.prescale != 1.0) scale_buffer(e->output, counts[i], r.dtype, r.prescale);
+        if (post != 1.0) scale_buffer(e->output, counts[i], r.dtype, post);
+      }
+    });
+    return;
+  }
   // Shared-memory fast path: the group reads each tensor and writes each result directly, so
   // fused responses skip the fusion-buffer copies and averaging costs no extra pass.
   // Every member must take the same path: the group applies `post` to the slices each member

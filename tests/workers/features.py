@@ -70,6 +70,17 @@ def fusion(c, rounds="3"):
         c.check(np.all(a == tot) and np.all(b == tot) and b.dtype == np.int64, f"g{k}: {a} {b}")
     for k, h in enumerate(singles):
         c.check(np.all(hvd.synchronize(h) == tot), f"s{k}")
+    # Scaled ops in flight together (fused): prescale, Average's division, postscale.
+    scaled = [(f"sc{i}", d) for i, d in enumerate([np.float32, np.float64] * 4)]
+    xs = {n: [make_input(r, (33,), d, n) for r in range(size)] for n, d in scaled}
+    hs = {n: hvd.allreduce_async(xs[n][rank], name=n, op=hvd.Average, prescale_factor=0.5,
+                                 postscale_factor=3.0) for n, d in scaled}
+    for n, d in scaled:
+        got = hvd.synchronize(hs[n])
+        want = np.sum([x.astype(np.float64) * 0.5 for x in xs[n]], axis=0) * 3.0 / size
+        want = want.astype(d)
+        rtol, atol = tolerance(d, size)
+        c.check(close(got, want, rtol, atol), f"scaled {n}: {describe_diff(got, want)}")
     c.fields["threshold"] = hvd.config().fusion_threshold
     c.fields["cache"] = hvd.config().cache_capacity
 
