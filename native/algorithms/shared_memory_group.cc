@@ -35,17 +35,21 @@ size_t chunk_bytes_from_env() {
 
 inline void cpu_relax() { __builtin_ia32_pause(); }
 
-// Moves the calling thread to another CPU of its affinity mask (the next one after `cpu`) and
-// restores the mask: a one-off migration, not pinning. False when there is no other CPU.
-bool move_to_other_cpu(int cpu) {
+// Moves the calling thread off `cpu` to another CPU of its affinity mask, preferring one that
+// `taken` (CPUs other members run on) does not name, and restores the mask: a one-off
+// migration, not pinning. False when the mask allows no other CPU.
+bool move_to_other_cpu(int cpu, const cpu_set_t& taken) {
   cpu_set_t allowed;
   if (sched_getaffinity(0, sizeof allowed, &allowed) != 0) return false;
-  int target = -1;
+  int target = -1, fallback = -1;
   for (int i = 1; i < CPU_SETSIZE && target < 0; ++i) {
     const int c = (cpu + i) % CPU_SETSIZE;
-    if (CPU_ISSET(c, &allowed)) target = c;
+    if (c == cpu || !CPU_ISSET(c, &allowed)) continue;
+    if (!CPU_ISSET(c, &taken)) target = c;
+    else if (fallback < 0) fallback = c;
   }
-  if (target < 0 || target == cpu) return false;
+  if (target < 0) target = fallback;
+  if (target < 0) return false;
   cpu_set_t one;
   CPU_ZERO(&one);
   CPU_SET(target, &one);
@@ -132,6 +136,17 @@ std::unique_ptr<SharedMemoryGroup> SharedMemoryGroup::create(const Communicator&
   return std::unique_ptr<SharedMemoryGroup>(new SharedMemoryGroup(base, bytes, comm.size, chunk));
 }
 
+cpu_set_t SharedMemoryGroup::member_cpus(const Communicator& comm) const {
+  const auto* ctl = static_cast<const Control*>(base_);
+  cpu_set_t taken;
+  CPU_ZERO(&taken);
+  for (int m = 0; m < members_; ++m) {
+    const uint64_t c = ctl[m].cpu.value.load(std::memory_order_relaxed);
+    if (m != comm.rank && c != 0 && c <= CPU_SETSIZE) CPU_SET(int(c - 1), &taken);
+  }
+  return taken;
+}
+
 void SharedMemoryGroup::wait_all(const Communicator& comm, int which, uint64_t target) {
   auto* ctl = static_cast<Control*>(base_);
   // The scheduler sometimes wakes two members' engine threads on one CPU (wake-up placement
@@ -148,8 +163,9 @@ void SharedMemoryGroup::wait_all(const Communicator& comm, int which, uint64_t t
     const std::atomic<uint64_t>& peer_cpu = ctl[m].cpu.value;
     int idle = 0;
     while (v.load(std::memory_order_acquire) < target) {
-      const bool shared_cpu = peer_cpu.load(std::memory_order_relaxed) == my_cpu;
-      if (shared_cpu && comm.rank < m && !moved_ && move_to_other_cpu(int(my_cpu) - 1)) {
+      const bool shared_cpu = my_cpu != 0 && peer_cpu.load(std::memory_order_relaxed) == my_cpu;
+      if (shared_cpu && comm.rank < m && !moved_ && move_to_other_cpu(int(my_cpu) - 1,
+                                                                      member_cpus(comm))) {
         moved_ = true;
         my_cpu = uint64_t(sched_getcpu()) + 1;
         ctl[comm.rank].cpu.value.store(my_cpu, std::memory_order_relaxed);

@@ -14,6 +14,8 @@
 // once. Each slice is reduced by exactly one member in a fixed order: results are bitwise equal.
 #pragma once
 
+#include <sched.h>
+
 #include <cstddef>
 #include <memory>
 #include <string>
@@ -51,6 +53,7 @@ class SharedMemoryGroup {
  private:
   SharedMemoryGroup(void* base, size_t bytes, int members, size_t chunk_bytes);
   void wait_all(const Communicator& comm, int which, uint64_t target);
+  cpu_set_t member_cpus(const Communicator& comm) const;  // CPUs the other members last used
   uint8_t* slot(int member, int buffer) const;
   uint8_t* result(int buffer) const;
 
