@@ -2,6 +2,11 @@
 eagerly and inside tf.function, grouped forms, scaling, compression, IndexedSlices, gradients
 of every op, and every error path in both modes (tests/workers/tf_collectives.py)."""
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 TF_ENV = {"TF_CPP_MIN_LOG_LEVEL": "3"}
@@ -23,6 +28,33 @@ def test_tf_collectives_without_graph_op(job):
 def test_tf_graph_op_library_is_built():
     """Setup builds the op library against the installed TensorFlow (build.py): a missing one
     would silently fall back to tf.numpy_function everywhere."""
-    from pathlib import Path
     lib = Path(__file__).resolve().parents[1] / "spark_hvd" / "_core" / "libspark_hvd_tf.so"
     assert lib.exists(), f"{lib} was not built; run `python build.py` with TensorFlow installed"
+
+
+@pytest.mark.parametrize("library", ["missing", "not an op library", "no such op", "disabled"])
+def test_tf_graph_op_fallback_is_announced(tmp_path, library):
+    """Without a usable op library graphs fall back to tf.numpy_function, with a warning that
+    says how to build it (none when SPARK_HVD_TF_OPS=0 asks for the fallback)."""
+    core = Path(__file__).resolve().parents[1] / "spark_hvd" / "_core" / "libspark_hvd_core.so"
+    path = {"missing": tmp_path / "absent.so", "not an op library": tmp_path / "junk.so",
+            "no such op": core, "disabled": core}[library]
+    (tmp_path / "junk.so").write_text("not a shared object")
+    code = f"""
+import warnings
+import spark_hvd.tensorflow.collectives as C
+C._GRAPH_OPS_PATH = {str(path)!r}
+with warnings.catch_warnings(record=True) as seen:
+    warnings.simplefilter("always")
+    assert C.graph_ops() is None
+print("WARNINGS", [str(w.message) for w in seen])
+"""
+    env = dict(TF_ENV, SPARK_HVD_TF_OPS="0" if library == "disabled" else "1")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120, env={**os.environ, **env})
+    assert out.returncode == 0, out.stderr[-2000:]
+    line = [x for x in out.stdout.splitlines() if x.startswith("WARNINGS")][0]
+    if library == "disabled":
+        assert line == "WARNINGS []"
+    else:
+        assert "build.py" in line and str(path) in line, line

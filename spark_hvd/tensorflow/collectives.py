@@ -312,9 +312,19 @@ def graph_ops():
         _graph_ops = False
         if os.environ.get("SPARK_HVD_TF_OPS", "1").strip().lower() in ("0", "false", "no", "off"):
             pass
-        elif os.path.exists(_GRAPH_OPS_PATH):
+        elif not os.path.exists(_GRAPH_OPS_PATH):
+            # E.g. a wheel built where TensorFlow was not importable: works, 2-4 ms slower per
+            # step for a model of 10 MB of gradients.
+            warnings.warn(f"spark_hvd: {_GRAPH_OPS_PATH} was not built, so TensorFlow graphs "
+                          "allreduce through tf.numpy_function (slower). Build it with `python "
+                          "build.py` (or `pip install --no-build-isolation .`) where TensorFlow is "
+                          "installed; SPARK_HVD_TF_OPS=0 silences this.")
+        else:
             try:
                 _graph_ops = tf.load_op_library(_GRAPH_OPS_PATH)
+                if not hasattr(_graph_ops, "spark_hvd_allreduce"):
+                    _graph_ops = False
+                    raise ImportError("it has no SparkHvdAllreduce op")
             except Exception as e:  # noqa: BLE001 - any load failure means: use the fallback
                 warnings.warn(f"spark_hvd: cannot load {_GRAPH_OPS_PATH} ({e}); TensorFlow graphs "
                               "use tf.numpy_function instead. Rebuild it against this "
