@@ -5,7 +5,8 @@
 #      missing.
 #   2. .venv with the pinned requirements + `pip install -e .`; skipped when .venv/.setup-stamp
 #      matches the hash of requirements*.txt, pyproject.toml, setup.py and this script.
-#   3. Always: the incremental native build (python build.py), cheap when nothing changed.
+#   3. Always: the incremental native build (python build.py: the core, and the TensorFlow op
+#      library against the venv's TensorFlow), cheap when nothing changed.
 # Env: PYTHON (interpreter for the venv, default python3), SPARK_HVD_SKIP_APT=1 to skip step 1.
 set -euo pipefail
 
@@ -79,6 +80,6 @@ else
   log "Python requirements up to date"
 fi
 
-# 3. Native core (incremental) -----------------------------------------------------------------
+# 3. Native core and TensorFlow op library (incremental) ----------------------------------------
 "$PY" build.py
 log "done"
