@@ -59,8 +59,9 @@ bool move_to_other_cpu(int cpu, const cpu_set_t& taken) {
 }
 }  // namespace
 
-// Per member: three progress counters and the CPU it last waited on (+1; 0: not known yet),
-// each on its own cache line.
+// Per member: three progress counters and where it runs, each on its own cache line. `cpu` is
+// (collective << 16) | (CPU + 1): a CPU published during an earlier collective is stale (the
+// thread may have moved since) and is ignored.
 struct SharedMemoryGroup::Control {
   Counter seq[3];
   Counter cpu;
@@ -136,13 +137,30 @@ std::unique_ptr<SharedMemoryGroup> SharedMemoryGroup::create(const Communicator&
   return std::unique_ptr<SharedMemoryGroup>(new SharedMemoryGroup(base, bytes, comm.size, chunk));
 }
 
+namespace {
+constexpr uint64_t kCpuBits = 0xffff;
+}  // namespace
+
+uint64_t SharedMemoryGroup::publish_cpu(const Communicator& comm) {
+  const int cpu = sched_getcpu();
+  const uint64_t mine = cpu >= 0 ? uint64_t(cpu) + 1 : 0;  // 0: unknown
+  static_cast<Control*>(base_)[comm.rank].cpu.value.store((collective_ << 16) | mine,
+                                                          std::memory_order_relaxed);
+  return mine;
+}
+
+uint64_t SharedMemoryGroup::peer_cpu(int member) const {
+  const uint64_t v = static_cast<const Control*>(base_)[member].cpu.value.load(
+      std::memory_order_relaxed);
+  return (v >> 16) == collective_ ? (v & kCpuBits) : 0;
+}
+
 cpu_set_t SharedMemoryGroup::member_cpus(const Communicator& comm) const {
-  const auto* ctl = static_cast<const Control*>(base_);
   cpu_set_t taken;
   CPU_ZERO(&taken);
   for (int m = 0; m < members_; ++m) {
-    const uint64_t c = ctl[m].cpu.value.load(std::memory_order_relaxed);
-    if (m != comm.rank && c != 0 && c <= CPU_SETSIZE) CPU_SET(int(c - 1), &taken);
+    const uint64_t c = m == comm.rank ? 0 : peer_cpu(m);
+    if (c != 0 && c <= CPU_SETSIZE) CPU_SET(int(c - 1), &taken);
   }
   return taken;
 }
@@ -155,20 +173,17 @@ void SharedMemoryGroup::wait_all(const Communicator& comm, int which, uint64_t t
   // CPU, and the lower-numbered of two that share one moves itself once per collective to
   // another CPU it may run on (the affinity mask is left as it was). Until then, spinning would
   // only hold the CPU the peer needs: it yields at once instead.
-  uint64_t my_cpu = uint64_t(sched_getcpu()) + 1;
-  ctl[comm.rank].cpu.value.store(my_cpu, std::memory_order_relaxed);
+  uint64_t my_cpu = publish_cpu(comm);
   for (int m = 0; m < members_; ++m) {
     if (m == comm.rank) continue;
     std::atomic<uint64_t>& v = ctl[m].seq[which].value;
-    const std::atomic<uint64_t>& peer_cpu = ctl[m].cpu.value;
     int idle = 0;
     while (v.load(std::memory_order_acquire) < target) {
-      const bool shared_cpu = my_cpu != 0 && peer_cpu.load(std::memory_order_relaxed) == my_cpu;
+      const bool shared_cpu = my_cpu != 0 && peer_cpu(m) == my_cpu;
       if (shared_cpu && comm.rank < m && !moved_ && move_to_other_cpu(int(my_cpu) - 1,
                                                                       member_cpus(comm))) {
         moved_ = true;
-        my_cpu = uint64_t(sched_getcpu()) + 1;
-        ctl[comm.rank].cpu.value.store(my_cpu, std::memory_order_relaxed);
+        my_cpu = publish_cpu(comm);
         continue;
       }
       if (++idle < 4000 && !shared_cpu) {
@@ -244,9 +259,11 @@ void SharedMemoryGroup::allreduce(const Communicator& comm, const std::vector<Se
   // Chunk and slice boundaries fall on element boundaries.
   const size_t chunk_elems = std::max<size_t>(n, chunk_bytes_ / esize / n * n);
   const size_t chunks = (count + chunk_elems - 1) / chunk_elems;
-  moved_ = false;
   const uint64_t base_seq = chunks_done_;
   chunks_done_ += chunks;
+  moved_ = false;
+  collective_ = (collective_ + 1) & 0xffffffffffffULL;  // the same count on every member
+  publish_cpu(comm);
   auto* ctl = static_cast<Control*>(base_);
   Counter* mine = ctl[me].seq;
 

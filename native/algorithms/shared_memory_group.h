@@ -53,7 +53,9 @@ class SharedMemoryGroup {
  private:
   SharedMemoryGroup(void* base, size_t bytes, int members, size_t chunk_bytes);
   void wait_all(const Communicator& comm, int which, uint64_t target);
-  cpu_set_t member_cpus(const Communicator& comm) const;  // CPUs the other members last used
+  uint64_t publish_cpu(const Communicator& comm);  // this member's CPU + 1 (0: unknown)
+  uint64_t peer_cpu(int member) const;  // its CPU + 1 in this collective, else 0
+  cpu_set_t member_cpus(const Communicator& comm) const;  // CPUs the other members are on
   uint8_t* slot(int member, int buffer) const;
   uint8_t* result(int buffer) const;
 
@@ -63,6 +65,7 @@ class SharedMemoryGroup {
   size_t chunk_bytes_;
   uint64_t chunks_done_ = 0;  // chunks processed so far, identical on every member
   bool moved_ = false;        // this collective already moved off a CPU shared with a peer
+  uint64_t collective_ = 0;   // allreduces run so far, identical on every member
 };
 
 }  // namespace shvd
