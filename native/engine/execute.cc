@@ -56,26 +56,12 @@ void Engine::run_allreduce(const Response& r, std::vector<Entry*>& entries,
     total += counts.back();
   }
   const double post = final_scale(r, comm.size);
-  auto reduce = [&](void* buf) {
-    if (r.prescale != 1.0) scale_buffer(buf, total, r.dtype, r.prescale);
-    allreduce(comm, buf, total, r.dtype, r.reduce_op, scratch_, options_.ring_threshold_bytes);
-    if (post != 1.0) scale_buffer(buf, total, r.dtype, post);
+  auto reduce = [&](void* buf, size_t count) {
+    if (r.prescale != 1.0) scale_buffer(buf, count, r.dtype, r.prescale);
+    allreduce(comm, buf, count, r.dtype, r.reduce_op, scratch_, options_.ring_threshold_bytes);
+    if (post != 1.0) scale_buffer(buf, count, r.dtype, post);
   };
 
-  // A set of one member: the result is the (scaled) input. Tensor by tensor, without the
-  // fusion buffer's copy in and out (the same scalings in the same order as the general path).
-  if (comm.size == 1) {
-    phase(timeline_, r.names, "ALLREDUCE", [&] {
-      for (size_t i = 0; i < entries.size(); ++i) {
-        Entry* e = entries[i];
-        if (!e) continue;
-        if (e->output != e->input) std::memcpy(e->output, e->input, counts[i] * esize);
-        if (r.prescale != 1.0) scale_buffer(e->output, counts[i], r.dtype, r.prescale);
-        if (post != 1.0) scale_buffer(e->output, counts[i], r.dtype, post);
-      }
-    });
-    return;
-  }
   // Shared-memory fast path: the group reads each tensor and writes each result directly, so
   // fused responses skip the fusion-buffer copies and averaging costs no extra pass.
   // Every member must take the same path: the group applies `post` to the slices each member
@@ -92,11 +78,17 @@ void Engine::run_allreduce(const Response& r, std::vector<Entry*>& entries,
     });
     return;
   }
-  if (entries.size() == 1 && entries[0]) {
-    // A lone tensor is reduced in its output buffer: no fusion copies.
-    Entry& e = *entries[0];
-    if (e.output != e.input) std::memcpy(e.output, e.input, total * esize);
-    phase(timeline_, r.names, "ALLREDUCE", [&] { reduce(e.output); });
+  // Tensors reduced in their own output buffers, without the fusion buffer's copies in and out:
+  // a lone tensor, or every tensor when the set has one member (nothing is exchanged then).
+  if (comm.size == 1 || (entries.size() == 1 && entries[0])) {
+    phase(timeline_, r.names, "ALLREDUCE", [&] {
+      for (size_t i = 0; i < entries.size(); ++i) {
+        Entry* e = entries[i];
+        if (!e) continue;
+        if (e->output != e->input) std::memcpy(e->output, e->input, counts[i] * esize);
+        reduce(e->output, counts[i]);
+      }
+    });
     return;
   }
   auto* fused = static_cast<uint8_t*>(fusion_.reserve(total * esize));
@@ -110,7 +102,7 @@ void Engine::run_allreduce(const Response& r, std::vector<Entry*>& entries,
       off += bytes;
     }
   });
-  phase(timeline_, r.names, "ALLREDUCE", [&] { reduce(fused); });
+  phase(timeline_, r.names, "ALLREDUCE", [&] { reduce(fused, total); });
   phase(timeline_, r.names, "MEMCPY_OUT_FUSION_BUFFER", [&] {
     size_t off = 0;
     for (size_t i = 0; i < entries.size(); ++i) {
