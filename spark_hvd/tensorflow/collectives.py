@@ -39,6 +39,7 @@ import tensorflow as tf
 
 from ..common import _ops, basics
 from ..common import _errors
+from ..common._config import env_flag
 from ..common._native import (BFLOAT16, BOOL, FLOAT16, FLOAT32, FLOAT64, INT8, INT16, INT32,
                               INT64, OP_ALLGATHER, OP_ALLREDUCE, OP_ALLTOALL, OP_BARRIER,
                               OP_BROADCAST, OP_JOIN, OP_REDUCESCATTER, UINT8)
@@ -310,7 +311,7 @@ def graph_ops():
     global _graph_ops
     if _graph_ops is None:
         _graph_ops = False
-        if os.environ.get("SPARK_HVD_TF_OPS", "1").strip().lower() in ("0", "false", "no", "off"):
+        if not env_flag("TF_OPS", True):
             pass
         elif not os.path.exists(_GRAPH_OPS_PATH):
             # E.g. a wheel built where TensorFlow was not importable: works, 2-4 ms slower per
