@@ -1,10 +1,12 @@
 // The extern "C" surface: argument checking, error translation, and the single process-wide
 // engine instance (init -> shutdown -> init again creates a fresh one).
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <mutex>
 #include <sstream>
+#include <string_view>
 
 #include "engine/engine.h"
 #include "include/spark_hvd.h"
@@ -48,7 +50,18 @@ int32_t guarded(F body) {
   auto e = engine();                                                                        \
   if (!e) return fail(SHVD_ERR_STATE, "spark_hvd has not been initialized; call init() first")
 
-Entry make_entry(const shvd_op& op, Engine& eng) {
+// Copies `n` int64 values from memory that may be unaligned (a packed record's shape).
+std::vector<int64_t> int64_array(const void* p, int32_t n) {
+  std::vector<int64_t> out(size_t(std::max<int32_t>(n, 0)));
+  if (!out.empty()) std::memcpy(out.data(), p, 8 * out.size());
+  return out;
+}
+
+// Builds and validates the entry for one op. The scalar fields come from `op`; the name, group,
+// shape and splits are passed apart because a packed record holds them unterminated and
+// unaligned (both entry points then build the entry without intermediate copies).
+Entry make_entry(const shvd_op& op, std::string_view name, std::string_view group,
+                 const void* shape, const void* splits_data, Engine& eng) {
   if (op.op < SHVD_OP_ALLREDUCE || op.op > SHVD_OP_REMOVE_PROCESS_SET)
     throw OpMismatchError("unknown collective operation " + std::to_string(op.op));
   if (op.dtype < 0 || op.dtype >= kNumDataTypes)
@@ -56,11 +69,11 @@ Entry make_entry(const shvd_op& op, Engine& eng) {
   Entry e;
   Request& r = e.request;
   r.op = OpType(op.op);
-  r.name = op.name ? op.name : "";
+  r.name = name;
   if (r.name.empty()) throw OpMismatchError("every collective needs a name");
   r.dtype = DataType(op.dtype);
   if (op.ndim < 0) throw OpMismatchError("negative number of dimensions");
-  r.shape.assign(op.shape, op.shape + op.ndim);
+  r.shape = int64_array(shape, op.ndim);
   for (int64_t d : r.shape)
     if (d < 0) throw OpMismatchError("negative dimension in the shape of '" + r.name + "'");
   r.reduce_op = ReduceOp(op.reduce_op);
@@ -68,8 +81,8 @@ Entry make_entry(const shvd_op& op, Engine& eng) {
   r.postscale = op.postscale;
   r.root = op.root_rank;
   r.process_set = op.process_set;
-  if (op.group) {
-    r.group = op.group;
+  if (!group.empty()) {
+    r.group = group;
     r.group_size = op.group_size;
   }
   e.input = op.input;
@@ -80,7 +93,7 @@ Entry make_entry(const shvd_op& op, Engine& eng) {
   if (r.op == OpType::kAddProcessSet || r.op == OpType::kRemoveProcessSet || r.op == OpType::kJoin) {
     if (r.process_set != 0) throw OpMismatchError(std::string(op_type_name(r.op)) + " runs on the global process set only");
     if (r.op == OpType::kAddProcessSet) {
-      r.splits.assign(op.splits, op.splits + op.nsplits);
+      r.splits = int64_array(splits_data, op.nsplits);
       for (int64_t g : r.splits)
         if (g < 0 || g >= eng.options().size)
           throw OpMismatchError("add_process_set: rank " + std::to_string(g) + " is not in [0, " +
@@ -91,7 +104,8 @@ Entry make_entry(const shvd_op& op, Engine& eng) {
                             " does not exist (or is the global set)");
     return e;
   }
-  if (!sets.exists(r.process_set))
+  const ProcessSets::Membership membership = sets.membership(r.process_set, my_rank);
+  if (membership.size < 0)
     throw OpMismatchError("process set " + std::to_string(r.process_set) +
                           " does not exist; add it with add_process_set() first");
   // Names are scoped by process set: disjoint sets may use the same tensor names (each
@@ -101,8 +115,8 @@ Entry make_entry(const shvd_op& op, Engine& eng) {
     r.name += scope;
     if (!r.group.empty()) r.group += scope;
   }
-  const int set_size = int(sets.members(r.process_set).size());
-  if (sets.index_of(r.process_set, my_rank) < 0)
+  const int set_size = membership.size;
+  if (membership.index < 0)
     throw OpMismatchError("rank " + std::to_string(my_rank) + " is not a member of process set " +
                           std::to_string(r.process_set) + " and cannot run '" + r.name + "' on it");
   if (r.op == OpType::kAllreduce || r.op == OpType::kReducescatter) {
@@ -135,7 +149,7 @@ Entry make_entry(const shvd_op& op, Engine& eng) {
       if (op.nsplits != set_size)
         throw OpMismatchError("alltoall of '" + r.name + "': got " + std::to_string(op.nsplits) +
                               " splits for " + std::to_string(set_size) + " ranks");
-      r.splits.assign(op.splits, op.splits + op.nsplits);
+      r.splits = int64_array(splits_data, op.nsplits);
       int64_t sum = 0;
       for (int64_t s : r.splits) {
         if (s < 0) throw OpMismatchError("alltoall of '" + r.name + "': negative split");
@@ -304,9 +318,12 @@ int32_t shvd_enqueue(const shvd_op* ops, int32_t n, int64_t* handles) {
   return guarded([&] {
     std::vector<Entry> entries;
     entries.reserve(n);
-    for (int i = 0; i < n; ++i) entries.push_back(make_entry(ops[i], *eng));
-    auto ids = eng->enqueue(std::move(entries));
-    for (int i = 0; i < n; ++i) handles[i] = ids[i];
+    for (int i = 0; i < n; ++i) {
+      const shvd_op& op = ops[i];
+      entries.push_back(make_entry(op, op.name ? op.name : "", op.group ? op.group : "",
+                                   op.shape, op.splits, *eng));
+    }
+    eng->enqueue(entries, handles);
     return 0;
   });
 }
@@ -319,53 +336,42 @@ int32_t shvd_enqueue_packed(const char* records, int64_t len, int32_t n, int64_t
     int32_t name_len, group_len;
   };
   static_assert(sizeof(Header) == 72, "record header layout must match Python's struct format");
-  std::vector<shvd_op> ops(n);
-  // Stable storage for what the ops point to (reserved: no reallocation while filling).
-  std::vector<std::string> strings;  // NUL-terminated names and groups
-  strings.reserve(2 * n);
-  std::vector<std::vector<int64_t>> arrays;  // shape followed by splits
-  arrays.reserve(n);
-  const char* p = records;
-  const char* end = records + len;
-  for (int i = 0; i < n; ++i) {
-    Header h;
-    if (p + sizeof h > end) return fail(SHVD_ERR_INVALID, "truncated op record");
-    std::memcpy(&h, p, sizeof h);
-    p += sizeof h;
-    const size_t tail = size_t(h.name_len) + h.group_len + 8 * (size_t(h.ndim) + h.nsplits);
-    if (h.name_len < 0 || h.group_len < 0 || h.ndim < 0 || h.nsplits < 0 || p + tail > end)
-      return fail(SHVD_ERR_INVALID, "malformed op record");
-    shvd_op& op = ops[i];
-    op.op = h.op;
-    op.dtype = h.dtype;
-    op.reduce_op = h.reduce_op;
-    op.root_rank = h.root_rank;
-    op.process_set = h.process_set;
-    op.ndim = h.ndim;
-    op.nsplits = h.nsplits;
-    op.group_size = h.group_size;
-    op.input = reinterpret_cast<const void*>(h.input);
-    op.output = reinterpret_cast<void*>(h.output);
-    op.prescale = h.prescale;
-    op.postscale = h.postscale;
-    strings.emplace_back(p, h.name_len);
-    op.name = strings.back().c_str();
-    p += h.name_len;
-    if (h.group_len > 0) {
-      strings.emplace_back(p, h.group_len);
-      op.group = strings.back().c_str();
-    } else {
-      op.group = nullptr;
+  REQUIRE_ENGINE(eng);
+  return guarded([&]() -> int32_t {
+    std::vector<Entry> entries;
+    entries.reserve(n);
+    const char* p = records;
+    const char* end = records + len;
+    for (int i = 0; i < n; ++i) {
+      Header h;
+      if (p + sizeof h > end) return fail(SHVD_ERR_INVALID, "truncated op record");
+      std::memcpy(&h, p, sizeof h);
+      p += sizeof h;
+      const size_t tail = size_t(h.name_len) + h.group_len + 8 * (size_t(h.ndim) + h.nsplits);
+      if (h.name_len < 0 || h.group_len < 0 || h.ndim < 0 || h.nsplits < 0 || p + tail > end)
+        return fail(SHVD_ERR_INVALID, "malformed op record");
+      shvd_op op{};
+      op.op = h.op;
+      op.dtype = h.dtype;
+      op.reduce_op = h.reduce_op;
+      op.root_rank = h.root_rank;
+      op.process_set = h.process_set;
+      op.ndim = h.ndim;
+      op.nsplits = h.nsplits;
+      op.group_size = h.group_size;
+      op.input = reinterpret_cast<const void*>(h.input);
+      op.output = reinterpret_cast<void*>(h.output);
+      op.prescale = h.prescale;
+      op.postscale = h.postscale;
+      const std::string_view name(p, size_t(h.name_len));
+      const std::string_view group(p + h.name_len, size_t(h.group_len));
+      const char* shape = p + h.name_len + h.group_len;
+      entries.push_back(make_entry(op, name, group, shape, shape + 8 * size_t(h.ndim), *eng));
+      p += tail;
     }
-    p += h.group_len;
-    // Names make the int64 arrays unaligned: copy them out.
-    arrays.emplace_back(size_t(h.ndim) + h.nsplits);
-    if (!arrays.back().empty()) std::memcpy(arrays.back().data(), p, 8 * arrays.back().size());
-    p += 8 * arrays.back().size();
-    op.shape = arrays.back().data();
-    op.splits = h.nsplits ? arrays.back().data() + h.ndim : nullptr;
-  }
-  return shvd_enqueue(ops.data(), n, handles);
+    eng->enqueue(entries, handles);
+    return 0;
+  });
 }
 
 int64_t shvd_enqueue_record(const char* record, int64_t len) {

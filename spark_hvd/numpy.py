@@ -42,10 +42,13 @@ def _contiguous(array):
     return np.ascontiguousarray(array) if not array.flags.c_contiguous else array
 
 
+_addressof, _char_view = ctypes.addressof, ctypes.c_char.from_buffer
+
+
 def _ptr(array):
     # ctypes' view of a writeable buffer is 3x cheaper than ``array.ctypes`` (a per-tensor cost).
     if array.flags.writeable and array.nbytes:
-        return ctypes.addressof(ctypes.c_char.from_buffer(array))
+        return _addressof(_char_view(array))
     return array.ctypes.data
 
 
@@ -62,28 +65,30 @@ def allreduce_async(array, average=None, name=None, op=None, prescale_factor=1.0
     """Starts an allreduce of ``array``; the handle's result is a new array."""
     array = _contiguous(array)
     out = np.empty_like(array)
-    return _allreduce_into(array, out, average, name, op, prescale_factor, postscale_factor,
-                           process_set)
+    return _allreduce_into(array, out, _ptr(array), _ptr(out), average, name, op,
+                           prescale_factor, postscale_factor, process_set)
 
 
 def allreduce_async_(array, average=None, name=None, op=None, prescale_factor=1.0,
                      postscale_factor=1.0, process_set=global_process_set):
     """In-place allreduce: ``array`` (C-contiguous) receives the result."""
+    # The per-tensor hot path of gradient loops: everything inline (each call level costs).
     flags = array.flags
     if not (flags.c_contiguous and flags.writeable):
         raise ValueError("in-place allreduce needs a writeable C-contiguous array")
-    return _allreduce_into(array, array, average, name, op, prescale_factor, postscale_factor,
-                           process_set)
+    ptr = _addressof(_char_view(array)) if array.nbytes else array.ctypes.data
+    return _allreduce_into(array, array, ptr, ptr, average, name, op, prescale_factor,
+                           postscale_factor, process_set)
 
 
-def _allreduce_into(array, out, average, name, op, prescale, postscale, process_set):
+def _allreduce_into(array, out, in_ptr, out_ptr, average, name, op, prescale, postscale,
+                    process_set):
     reduce_op = _ops.resolve_reduce_op(op, average)
-    ps = process_set_id(process_set)
-    in_ptr = _ptr(array)
-    h = _ops.enqueue_allreduce(_ops.auto_name("allreduce", name, ps), _dtype_code(array),
-                               array.shape, in_ptr, in_ptr if out is array else _ptr(out),
-                               reduce_op, prescale, postscale, ps)
-    return _ops.ResultHandle(h, out, keepalive=array)
+    ps = 0 if process_set is global_process_set else process_set_id(process_set)
+    h = _ops.enqueue_allreduce(name if type(name) is str else _ops.auto_name("allreduce", name, ps),
+                               _dtype_code(array), array.shape, in_ptr, out_ptr, reduce_op,
+                               prescale, postscale, ps)
+    return _ops.ResultHandle(h, out, array)
 
 
 def allreduce(array, average=None, name=None, op=None, prescale_factor=1.0,

@@ -38,11 +38,19 @@ std::vector<int> ProcessSets::members(int id) const {
 }
 
 int ProcessSets::index_of(int id, int global_rank) const {
+  return membership(id, global_rank).index;
+}
+
+ProcessSets::Membership ProcessSets::membership(int id, int global_rank) const {
   std::lock_guard<std::mutex> lock(mu_);
+  Membership m;
   auto it = sets_.find(id);
-  if (it == sets_.end()) return -1;
-  auto pos = std::lower_bound(it->second.begin(), it->second.end(), global_rank);
-  return (pos != it->second.end() && *pos == global_rank) ? int(pos - it->second.begin()) : -1;
+  if (it == sets_.end()) return m;
+  const std::vector<int>& ranks = it->second;
+  m.size = int(ranks.size());
+  auto pos = std::lower_bound(ranks.begin(), ranks.end(), global_rank);
+  if (pos != ranks.end() && *pos == global_rank) m.index = int(pos - ranks.begin());
+  return m;
 }
 
 int ProcessSets::find(const std::vector<int>& ranks) const {

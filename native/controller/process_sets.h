@@ -20,6 +20,13 @@ class ProcessSets {
   std::vector<int> members(int id) const;
   // Index of `global_rank` in set `id`, or -1.
   int index_of(int id, int global_rank) const;
+  // Size of set `id` (-1 if it does not exist) and the index of `global_rank` in it (-1 if not
+  // a member): what validating an op needs, under one lock and without copying the members.
+  struct Membership {
+    int size = -1;
+    int index = -1;
+  };
+  Membership membership(int id, int global_rank) const;
   // Id of an existing set with exactly these ranks, or -1.
   int find(const std::vector<int>& ranks) const;
   std::vector<int> ids() const;

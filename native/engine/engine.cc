@@ -50,25 +50,30 @@ Engine::~Engine() {
   if (wake_fd_ >= 0) close(wake_fd_);
 }
 
-std::vector<int64_t> Engine::enqueue(std::vector<Entry> entries) {
-  std::vector<int64_t> ids;
+void Engine::enqueue(std::vector<Entry>& entries, int64_t* ids) {
   std::lock_guard<std::mutex> lock(queue_mu_);
   if (!abort_reason_.empty())
     throw PeerLostError("spark_hvd job was aborted: " + abort_reason_);
   if (stopped_ || shutdown_requested_)
     throw std::logic_error("spark_hvd has been shut down; call init() again first");
-  std::unordered_set<std::string> names;
-  for (const Entry& e : entries) {
-    const std::string& n = e.request.name;
-    if (in_flight_.count(n) || !names.insert(n).second)
-      throw OpMismatchError("A collective named '" + n +
-                            "' is already in flight on this rank; names must be unique until "
-                            "the previous op with that name completes");
+  auto duplicate = [](const std::string& n) {
+    return OpMismatchError("A collective named '" + n +
+                           "' is already in flight on this rank; names must be unique until "
+                           "the previous op with that name completes");
+  };
+  if (entries.size() == 1) {  // the per-tensor hot path: one lookup, no scratch set
+    if (!in_flight_.insert(entries[0].request.name).second) throw duplicate(entries[0].request.name);
+  } else {
+    std::unordered_set<std::string> names;
+    for (const Entry& e : entries) {
+      const std::string& n = e.request.name;
+      if (in_flight_.count(n) || !names.insert(n).second) throw duplicate(n);
+    }
+    in_flight_.insert(names.begin(), names.end());
   }
-  for (Entry& e : entries) {
-    in_flight_.insert(e.request.name);
-    ids.push_back(handles_.create(&e.state));
-    queue_.push_back(std::move(e));
+  for (size_t i = 0; i < entries.size(); ++i) {
+    ids[i] = handles_.create(&entries[i].state);
+    queue_.push_back(std::move(entries[i]));
   }
   last_enqueue_.store(Clock::now().time_since_epoch().count(), std::memory_order_relaxed);
   work_pending_.store(true);
@@ -77,7 +82,6 @@ std::vector<int64_t> Engine::enqueue(std::vector<Entry> entries) {
     ssize_t ignored = write(wake_fd_, &one, sizeof one);
     (void)ignored;
   }
-  return ids;
 }
 
 void Engine::shutdown() {
@@ -282,7 +286,11 @@ std::vector<Entry> Engine::take_queue() {
   std::lock_guard<std::mutex> lock(queue_mu_);
   std::vector<Entry> out;
   out.swap(queue_);
-  if (!out.empty()) last_activity_ = Clock::now();
+  if (!out.empty()) {
+    last_activity_ = Clock::now();
+    // Room for a burst like this one: a step's gradients then queue without reallocating.
+    queue_.reserve(out.size());
+  }
   return out;
 }
 

@@ -68,9 +68,10 @@ class Engine {
   Timeline& timeline() { return timeline_; }
   bool shared_memory() const { return shared_memory_; }
 
-  // Validates and queues ops (all or none). Throws OpMismatchError for bad input, PeerLostError
-  // if the job was aborted, std::logic_error after shutdown.
-  std::vector<int64_t> enqueue(std::vector<Entry> entries);
+  // Validates and queues ops (all or none), moving them out of `entries` and writing their
+  // handles to `ids`. Throws OpMismatchError for bad input, PeerLostError if the job was
+  // aborted, std::logic_error after shutdown.
+  void enqueue(std::vector<Entry>& entries, int64_t* ids);
 
   // Coordinated shutdown: returns once every rank has shut down (or the job aborted).
   void shutdown();

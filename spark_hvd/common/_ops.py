@@ -82,11 +82,17 @@ def enqueue_allreduce(name, dtype, shape, input_ptr, output_ptr, reduce_op, pres
     record = (_RECORD_FORMATS.get(key) or _record_format(key)).pack(
         OP_ALLREDUCE, dtype, reduce_op, 0, process_set, ndim, 0, 0, input_ptr, output_ptr,
         prescale, postscale, len(name_b), 0, name_b, b"", *shape)
-    return _enqueue_record(record)
+    handle = _enqueue_native(record, len(record))
+    if handle == -1:
+        _enqueue_failed()
+    return handle
+
+
+_enqueue_native = lib.shvd_enqueue_record
 
 
 def _enqueue_record(record):
-    handle = lib.shvd_enqueue_record(record, len(record))
+    handle = _enqueue_native(record, len(record))
     if handle == -1:
         _enqueue_failed()
     return handle
