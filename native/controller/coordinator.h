@@ -77,9 +77,27 @@ class Coordinator {
   std::set<int> joined_;
   int last_joined_ = -1;
   std::set<int> shut_down_;
-  // Response cache: id -> (name, per-rank request); name -> id.
-  std::vector<std::pair<std::string, std::vector<Request>>> cache_;
+  // Response cache: id -> entry; name -> id.
+  struct CacheEntry {
+    std::string name;
+    std::vector<Request> by_rank;  // every rank's request, as last answered
+    // The steady state of a training loop: an allreduce answered before, now sent by every
+    // member as its cache id. Counted here instead of in pending_ (no request copies, no
+    // validation: the requests agreed when they were cached) and answered with `response`.
+    // Anything else (a full request for the name, join, shutdown, a stall) demotes the
+    // waiting ranks into pending_ first, where the general path decides.
+    bool fast = false;             // an allreduce that `response` answers
+    Response response;
+    int members = 0;               // ranks of its process set
+    std::vector<bool> waiting;     // ranks whose id arrived (fast path), by global rank
+    int waiting_count = 0;
+    Clock::time_point first_seen;
+  };
+  void add_cached(int rank, uint32_t id);
+  void demote_cached(CacheEntry& c);
+  std::vector<CacheEntry> cache_;
   std::unordered_map<std::string, uint32_t> cache_by_name_;
+  std::vector<uint32_t> cached_ready_;  // fast-path ids ready on every member, in order
   Clock::time_point last_stall_check_{};
 };
 

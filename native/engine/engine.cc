@@ -317,7 +317,7 @@ void Engine::submit(std::vector<Entry> entries, bool burst_over) {
     const Request& req = e.request;
     if (timeline_.active()) timeline_.begin(req.name, "NEGOTIATE");
     auto c = cache_.find(req.name);
-    if (c != cache_.end() && c->second.second.same_params(req) && options_.rank != 0)
+    if (c != cache_.end() && c->second.second.same_params(req))
       batch.cached.push_back(c->second.first);
     else
       batch.requests.push_back(req);

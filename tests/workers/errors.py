@@ -86,6 +86,21 @@ def main():
              op=hvd.Sum if rank == 0 else hvd.Max, match=["bad_reduce", "ranks [0]"])
     still_works("reduce_op")
 
+    # A tensor answered before (its requests now travel as response-cache ids) changes on one
+    # rank: the mismatch is still found, whichever side changed, and the old form works again.
+    for changed in (0, size - 1):
+        for _ in range(3):
+            c.run("cached round", hvd.allreduce, np.ones(4, np.float32), name="cached_then_bad",
+                  op=hvd.Sum)
+        n = 5 if rank == changed else 4
+        c.raises(f"cached tensor changes shape on rank {changed}", ValueError, hvd.allreduce,
+                 np.ones(n, np.float32), name="cached_then_bad", op=hvd.Sum,
+                 match=["cached_then_bad", "Mismatched shapes", f"ranks [{changed}] sent [5]"])
+        got = c.run("cached round after", hvd.allreduce, np.ones(4, np.float32),
+                    name="cached_then_bad", op=hvd.Sum)
+        if got is not None:
+            c.check(np.all(got == size), f"cached_then_bad after the mismatch: {got}")
+
     # Prescale factor differs.
     c.raises("prescale mismatch", ValueError, hvd.allreduce, x, name="bad_prescale", op=hvd.Sum,
              prescale_factor=1.0 + rank, match=["bad_prescale", "ranks [0]"])
