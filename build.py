@@ -22,7 +22,9 @@ setup.py imports build() from here, so `pip install .` / `pip install -e .` buil
 
 The TensorFlow op library is built against the TensorFlow that the building interpreter
 imports (its headers and libtensorflow_framework), and rebuilt when that version or its sources
-change. It is optional: without it spark_hvd.tensorflow runs graph collectives as
+change. TensorFlow's flags are asked for once per installation and kept in the build folder
+(importing TensorFlow takes seconds; a build with nothing to do takes a fraction of one). It is
+optional: without it spark_hvd.tensorflow runs graph collectives as
 tf.numpy_function nodes.
 """
 
@@ -297,20 +299,46 @@ def build(
     return output
 
 
-def _tensorflow_config(python: str) -> dict | None:
-    """Compile/link flags and version of the TensorFlow that ``python`` imports, or None."""
-    code = ("import json, tensorflow as tf; print(json.dumps({'compile': "
-            "tf.sysconfig.get_compile_flags(), 'link': tf.sysconfig.get_link_flags(), "
-            "'version': tf.__version__}))")
+def _python_json(python: str, code: str, timeout: float) -> dict | list | None:
+    """What ``code`` run by ``python`` prints last, as JSON; None if it fails."""
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", CUDA_VISIBLE_DEVICES="")
     try:
         proc = subprocess.run([python, "-c", code], capture_output=True, text=True, env=env,
-                              timeout=300)
+                              timeout=timeout)
     except (OSError, subprocess.TimeoutExpired):
         return None
     if proc.returncode != 0 or not proc.stdout.strip():
         return None
     return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _tensorflow_config(python: str, build_root: Path) -> dict | None:
+    """Compile/link flags and version of the TensorFlow that ``python`` imports, or None.
+
+    Importing TensorFlow takes seconds, so the answer is kept in ``build_root`` under the
+    identity of the installation (where ``python`` finds the package, and its ``__init__``'s
+    size and modification time: a reinstall rewrites it); finding that imports nothing."""
+    identity = _python_json(python, (
+        "import json, os, sys, importlib.util as u; s = u.find_spec('tensorflow'); "
+        "st = os.stat(s.origin) if s and s.origin else None; "
+        "print(json.dumps([sys.executable, s.origin, st.st_size, st.st_mtime_ns] if st "
+        "else None))"), timeout=60)
+    if identity is None:
+        return None
+    cache = build_root / "tensorflow_config.json"
+    with contextlib.suppress(OSError, ValueError):
+        saved = json.loads(cache.read_text())
+        if saved.get("identity") == identity:
+            return saved["config"]
+    config = _python_json(python, (
+        "import json, tensorflow as tf; print(json.dumps({'compile': "
+        "tf.sysconfig.get_compile_flags(), 'link': tf.sysconfig.get_link_flags(), "
+        "'version': tf.__version__}))"), timeout=300)
+    if config is not None:
+        with contextlib.suppress(OSError):
+            build_root.mkdir(parents=True, exist_ok=True)
+            cache.write_text(json.dumps({"identity": identity, "config": config}))
+    return config
 
 
 def build_tensorflow_ops(
@@ -334,7 +362,7 @@ def build_tensorflow_ops(
     sources = sorted((src_dir / "tensorflow").glob("*.cc"))
     if not sources:
         return None
-    tf = _tensorflow_config(python or sys.executable)
+    tf = _tensorflow_config(python or sys.executable, build_root)
     if tf is None:
         _log("TensorFlow is not importable here: skipping its graph ops "
              "(spark_hvd.tensorflow will use tf.numpy_function)", quiet)

@@ -2,6 +2,7 @@
 eagerly and inside tf.function, grouped forms, scaling, compression, IndexedSlices, gradients
 of every op, and every error path in both modes (tests/workers/tf_collectives.py)."""
 
+import json
 import os
 import subprocess
 import sys
@@ -30,6 +31,29 @@ def test_tf_graph_op_library_is_built():
     would silently fall back to tf.numpy_function everywhere."""
     lib = Path(__file__).resolve().parents[1] / "spark_hvd" / "_core" / "libspark_hvd_tf.so"
     assert lib.exists(), f"{lib} was not built; run `python build.py` with TensorFlow installed"
+
+
+def test_tf_build_config_is_kept_per_installation(tmp_path):
+    """build.py asks TensorFlow for its compile flags once per installation (importing it takes
+    seconds on every build otherwise): a saved answer for this installation is used as is, one
+    saved for another installation is replaced by the real flags."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    try:
+        import build
+    finally:
+        sys.path.pop(0)
+    first = build._tensorflow_config(sys.executable, tmp_path)
+    assert first and first["version"] and any(f.startswith("-I") for f in first["compile"])
+    saved = json.loads((tmp_path / "tensorflow_config.json").read_text())
+    assert saved["config"] == first
+    # The saved answer is what the next build uses (a marker proves nothing was imported).
+    saved["config"] = dict(first, version="marker")
+    (tmp_path / "tensorflow_config.json").write_text(json.dumps(saved))
+    assert build._tensorflow_config(sys.executable, tmp_path)["version"] == "marker"
+    # Another installation (here: another __init__ size) is asked again.
+    saved["identity"][2] += 1
+    (tmp_path / "tensorflow_config.json").write_text(json.dumps(saved))
+    assert build._tensorflow_config(sys.executable, tmp_path) == first
 
 
 @pytest.mark.parametrize("library", ["missing", "not an op library", "no such op", "disabled"])
