@@ -344,11 +344,12 @@ int32_t shvd_enqueue_packed(const char* records, int64_t len, int32_t n, int64_t
     const char* end = records + len;
     for (int i = 0; i < n; ++i) {
       Header h;
-      if (p + sizeof h > end) return fail(SHVD_ERR_INVALID, "truncated op record");
+      if (size_t(end - p) < sizeof h) return fail(SHVD_ERR_INVALID, "truncated op record");
       std::memcpy(&h, p, sizeof h);
       p += sizeof h;
       const size_t tail = size_t(h.name_len) + h.group_len + 8 * (size_t(h.ndim) + h.nsplits);
-      if (h.name_len < 0 || h.group_len < 0 || h.ndim < 0 || h.nsplits < 0 || p + tail > end)
+      if (h.name_len < 0 || h.group_len < 0 || h.ndim < 0 || h.nsplits < 0 ||
+          tail > size_t(end - p))
         return fail(SHVD_ERR_INVALID, "malformed op record");
       shvd_op op{};
       op.op = h.op;

@@ -225,6 +225,17 @@ def test_join(np_, order, transport):
         assert {r.field(k, "last") for k in range(np_)} == {str(last)}
 
 
+# -- response cache -------------------------------------------------------------------------
+
+@pytest.mark.timeout(90)
+def test_cached_name_on_two_process_sets():
+    """A name answered last on a process set is answered for the global set when the global
+    round comes (the cache's fast path checks the set; without that check this job hangs)."""
+    r = run_job(4, "features", "scoped_name_clash", transport="shm",
+                env={"SPARK_HVD_DYNAMIC_PROCESS_SETS": 1}, timeout=80)
+    r.assert_ok(4)
+
+
 # -- configuration aliases ------------------------------------------------------------------
 
 @pytest.mark.timeout(60)

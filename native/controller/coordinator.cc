@@ -62,7 +62,10 @@ void Coordinator::add_batch(const RequestBatch& batch) {
   for (uint32_t id : batch.cached) {
     if (id >= cache_.size()) continue;
     CacheEntry& c = cache_[id];
-    if (c.fast && joined_.empty() && shut_down_.empty() && !pending_.count(c.name))
+    // The cached response must be the one for this rank's request: a name can have been
+    // answered last on another process set (a global name spelled like a scoped one).
+    if (c.fast && joined_.empty() && shut_down_.empty() &&
+        c.by_rank[batch.rank].process_set == c.response.process_set && !pending_.count(c.name))
       add_cached(batch.rank, id);
     else
       add_request(batch.rank, c.by_rank[batch.rank]);

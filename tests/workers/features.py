@@ -370,6 +370,30 @@ def shared_cpu(c, widen="1"):
     c.fields["cpus"] = len(cpus)
 
 
+# -- response cache -------------------------------------------------------------------------
+
+def scoped_name_clash(c, rounds="3"):
+    """A global tensor named like a process set's scoped name ('x (process set N)') shares its
+    negotiation name with that set's 'x': every round must still be answered for the set it
+    runs on, also when the response cache last answered the name for the other set. Ranks 0
+    and 1 (the set) come late to each global round, so the others' cache ids arrive first."""
+    rank, size = hvd.rank(), hvd.size()
+    pair = hvd.add_process_set([0, 1])
+    clash = f"x (process set {pair.process_set_id})"
+    for rnd in range(int(rounds)):
+        if rank < 2:
+            time.sleep(0.3)
+        got = hvd.allreduce(np.full(4, rank + 1, np.float32), name=clash, op=hvd.Sum)
+        c.check(got.shape == (4,) and np.all(got == size * (size + 1) / 2),
+                f"round {rnd}: global '{clash}' gave {got}")
+        if rank < 2:
+            got = hvd.allreduce(np.full(6, rank + 1, np.float32), name="x", op=hvd.Sum,
+                                process_set=pair)
+            c.check(got.shape == (6,) and np.all(got == 3), f"round {rnd}: set 'x' gave {got}")
+        hvd.barrier()  # one name in flight on one set at a time: rounds do not overlap
+    hvd.shutdown()
+
+
 class FieldChecks(Checks):
     def __init__(self, rank):
         super().__init__(rank)
