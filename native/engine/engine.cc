@@ -56,20 +56,15 @@ void Engine::enqueue(std::vector<Entry>& entries, int64_t* ids) {
     throw PeerLostError("spark_hvd job was aborted: " + abort_reason_);
   if (stopped_ || shutdown_requested_)
     throw std::logic_error("spark_hvd has been shut down; call init() again first");
-  auto duplicate = [](const std::string& n) {
-    return OpMismatchError("A collective named '" + n +
-                           "' is already in flight on this rank; names must be unique until "
-                           "the previous op with that name completes");
-  };
-  if (entries.size() == 1) {  // the per-tensor hot path: one lookup, no scratch set
-    if (!in_flight_.insert(entries[0].request.name).second) throw duplicate(entries[0].request.name);
-  } else {
-    std::unordered_set<std::string> names;
-    for (const Entry& e : entries) {
-      const std::string& n = e.request.name;
-      if (in_flight_.count(n) || !names.insert(n).second) throw duplicate(n);
-    }
-    in_flight_.insert(names.begin(), names.end());
+  // Marking a name in flight also finds a duplicate within `entries`; on one, the names marked
+  // by this call are unmarked again, so nothing is queued (all or none).
+  for (size_t i = 0; i < entries.size(); ++i) {
+    const std::string& n = entries[i].request.name;
+    if (in_flight_.insert(n).second) continue;
+    for (size_t j = 0; j < i; ++j) in_flight_.erase(entries[j].request.name);
+    throw OpMismatchError("A collective named '" + n +
+                          "' is already in flight on this rank; names must be unique until "
+                          "the previous op with that name completes");
   }
   for (size_t i = 0; i < entries.size(); ++i) {
     ids[i] = handles_.create(&entries[i].state);

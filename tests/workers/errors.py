@@ -186,6 +186,22 @@ def main():
             f"dup reuse: {got}")
     still_works("dup")
 
+    # A group with one member's name in flight fails as a whole, and leaves none of its other
+    # names marked in flight: they can be used at once (rank 0 is late again, as above).
+    if hvd.rank() == 0:
+        time.sleep(0.5)
+    h = hvd.allreduce_async(np.ones(3, np.float32), name="grp.1", op=hvd.Sum)
+    if hvd.rank() != 0:
+        c.raises("group with a name in flight", ValueError, hvd.grouped_allreduce_async,
+                 [np.ones(2, np.float32)] * 3, name="grp", op=hvd.Sum,
+                 match=["grp.1", "already in flight"])
+    c.run("grp.1", hvd.synchronize, h)
+    got = c.run("grp.0 after the failed group", hvd.allreduce, np.ones(2, np.float32),
+                name="grp.0", op=hvd.Sum)
+    c.check(got is not None and np.array_equal(got, np.full(2, size, np.float32)),
+            f"grp.0 after the failed group: {got}")
+    still_works("dup_group")
+
     # A process set this rank is not in: a local error; its members are unaffected.
     if rank == 0:
         got = c.run("own set", hvd.allreduce, x, name="only0", op=hvd.Sum, process_set=only0)
