@@ -8,12 +8,14 @@ launch and report every failure, so one launch covers a whole op x dtype x shape
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
 import subprocess
 import sys
 import time
+from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -265,3 +267,18 @@ def two_inputs_df(spark):
         rows.append((Vectors.sparse(4, {0: float(vec[0]), 2: float(vec[2])}),
                      grid.tolist(), float(vec[0] - vec[2]), float(grid.sum())))
     return spark.createDataFrame(rows, ["vec", "grid", "y1", "y2"])
+
+
+def load_timeline(path):
+    """{tensor: [(ph, phase), ...]} from a Chrome-trace file (which must be valid JSON)."""
+    with open(path) as f:
+        events = json.load(f)
+    assert isinstance(events, list) and events, path
+    rows = {e["pid"]: e["args"]["name"] for e in events if e.get("ph") == "M"}
+    phases = defaultdict(list)
+    for e in events:
+        if e.get("ph") == "M":
+            continue
+        assert {"name", "ph", "ts", "pid"} <= set(e), e
+        phases[rows.get(e["pid"], e["pid"])].append((e["ph"], e["name"]))
+    return phases

@@ -10,7 +10,7 @@ import subprocess
 
 import pytest
 
-from conftest import PY, REPO, TRANSPORTS, WORKERS, job_env, run_job
+from conftest import PY, REPO, TRANSPORTS, WORKERS, job_env, load_timeline, run_job
 
 
 def _expected_shm(transport, np_, rank):
@@ -66,6 +66,42 @@ def test_shared_memory_small_chunks():
                 "allreduce,grouped_allreduce", transport="shm",
                 env={"SPARK_HVD_SHM_CHUNK_BYTES": 4096}, timeout=160)
     r.assert_ok(3)
+
+
+def _allreduce_paths(timeline):
+    """The shared-memory allreduce paths rank 0's timeline names."""
+    return {p for seq in load_timeline(timeline).values() for _, p in seq
+            if p in ("SHM_ALLREDUCE", "SHM_SINGLE_COPY_ALLREDUCE")}
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("np_", [2, 3])
+def test_shared_memory_single_copy(tmp_path, np_):
+    """Every allreduce through the single-copy path (members read each other's tensors with
+    process_vm_readv; its size threshold set to 0) with 4 KiB chunks: slices that span fused
+    tensors, in place and not, every dtype and op, and with 3 members the partial sums. Rank
+    0's timeline names the path."""
+    timeline = tmp_path / "timeline.json"
+    r = run_job(np_, "collectives", "--sets", "none", "--suites",
+                "allreduce,grouped_allreduce,allreduce_average_default", transport="shm",
+                env={"SPARK_HVD_SHM_SINGLE_COPY_MIN_BYTES": 0, "SPARK_HVD_SHM_CHUNK_BYTES": 4096,
+                     "SPARK_HVD_TIMELINE": timeline}, timeout=160)
+    r.assert_ok(np_)
+    assert _allreduce_paths(timeline) == {"SHM_SINGLE_COPY_ALLREDUCE"}
+
+
+@pytest.mark.timeout(180)
+def test_shared_memory_single_copy_refused(tmp_path):
+    """One rank may not read its peers' memory (a seccomp filter makes process_vm_readv fail,
+    as some container profiles do): every member keeps the slots path, including rank 0, which
+    could read the others; the results are still right."""
+    timeline = tmp_path / "timeline.json"
+    r = run_job(3, "collectives", "--sets", "none", "--suites", "allreduce,grouped_allreduce",
+                transport="shm",
+                env={"SPARK_HVD_SHM_SINGLE_COPY_MIN_BYTES": 0, "DENY_PROCESS_VM_READV_RANK": 1,
+                     "SPARK_HVD_TIMELINE": timeline}, timeout=160)
+    r.assert_ok(3)
+    assert _allreduce_paths(timeline) == {"SHM_ALLREDUCE"}
 
 
 @pytest.mark.timeout(120)

@@ -2,12 +2,9 @@
 timeline, stall inspector, join, configuration aliases, shutdown while others still run
 (tests/workers/features.py)."""
 
-import json
-from collections import defaultdict
-
 import pytest
 
-from conftest import run_job
+from conftest import load_timeline, run_job
 
 
 # -- fusion and the response cache ----------------------------------------------------------
@@ -91,21 +88,6 @@ def test_reinit(np_, transport):
 
 
 # -- timeline -------------------------------------------------------------------------------
-
-def load_timeline(path):
-    """{tensor: [(ph, phase), ...]} from a Chrome-trace file (which must be valid JSON)."""
-    with open(path) as f:
-        events = json.load(f)
-    assert isinstance(events, list) and events, path
-    rows = {e["pid"]: e["args"]["name"] for e in events if e.get("ph") == "M"}
-    phases = defaultdict(list)
-    for e in events:
-        if e.get("ph") == "M":
-            continue
-        assert {"name", "ph", "ts", "pid"} <= set(e), e
-        phases[rows.get(e["pid"], e["pid"])].append((e["ph"], e["name"]))
-    return phases
-
 
 def assert_balanced(phases):
     for tensor, seq in phases.items():

@@ -12,30 +12,38 @@ def _read_pids(pid_dir):
     return {f.name: int(f.read_text()) for f in pid_dir.glob("*.pid")}
 
 
+# The two shared-memory allreduce paths, forced whatever the size threshold.
+SHM_PATH_ENV = {"single_copy": {"SPARK_HVD_SHM_SINGLE_COPY_MIN_BYTES": 0},
+                "slots": {"SPARK_HVD_SHM_SINGLE_COPY": 0}, None: {}}
+
+
 @pytest.mark.timeout(90)
-@pytest.mark.parametrize("np_,victim,mode,transport", [
-    (2, 1, "negotiate", "shm"),
-    (2, 0, "negotiate", "shm"),
-    (2, 1, "transfer", "shm"),
-    (2, 0, "transfer", "shm"),
-    (2, 1, "negotiate", "tcp"),
-    (2, 0, "negotiate", "tcp"),
-    (2, 1, "transfer", "tcp"),
-    (2, 0, "transfer", "tcp"),
-    (3, 1, "negotiate", "shm"),
-    (3, 2, "transfer", "tcp"),
-    (3, 0, "transfer", "hosts"),
+@pytest.mark.parametrize("np_,victim,mode,transport,shm_path", [
+    (2, 1, "negotiate", "shm", None),
+    (2, 0, "negotiate", "shm", None),
+    (2, 1, "transfer", "shm", "single_copy"),
+    (2, 0, "transfer", "shm", "single_copy"),
+    (2, 1, "transfer", "shm", "slots"),
+    (3, 2, "transfer", "shm", "single_copy"),
+    (2, 1, "negotiate", "tcp", None),
+    (2, 0, "negotiate", "tcp", None),
+    (2, 1, "transfer", "tcp", None),
+    (2, 0, "transfer", "tcp", None),
+    (3, 1, "negotiate", "shm", None),
+    (3, 2, "transfer", "tcp", None),
+    (3, 0, "transfer", "hosts", None),
 ])
-def test_peer_killed(tmp_path, np_, victim, mode, transport):
+def test_peer_killed(tmp_path, np_, victim, mode, transport, shm_path):
     """The victim SIGKILLs itself while the others wait in negotiation ("negotiate") or stream
-    4M-float allreduces with it ("transfer"). Every survivor raises HorovodInternalError within
-    10 s of the kill, for the blocked op, a pending async op and every later op, and shuts down
-    promptly; the launcher exits non-zero; no process of the job is left behind."""
+    4M-float allreduces with it ("transfer"; on shared memory through either allreduce path).
+    Every survivor raises HorovodInternalError within 10 s of the kill, for the blocked op, a
+    pending async op and every later op, and shuts down promptly; the launcher exits non-zero;
+    no process of the job is left behind."""
     pid_dir = tmp_path / "pids"
     pid_dir.mkdir()
     env = {"PID_DIR": pid_dir, "KILL_TIME_FILE": tmp_path / "killed_at",
            # Survivors ignore SIGTERM so they can report; the launcher SIGKILLs after this.
-           "SPARK_HVD_KILL_GRACE_SECONDS": 20}
+           "SPARK_HVD_KILL_GRACE_SECONDS": 20, **SHM_PATH_ENV[shm_path]}
     r = run_job(np_, "fault", victim, mode, transport=transport, env=env, timeout=80)
     survivors = [k for k in range(np_) if k != victim]
     for k in survivors:

@@ -4,13 +4,16 @@
 #include <sched.h>
 #include <time.h>
 #include <sys/mman.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <string>
 
 #include "../common/hmac.h"
 #include "reduce_kernels.h"
@@ -20,6 +23,13 @@ namespace shvd {
 namespace {
 constexpr size_t kLine = 64;
 constexpr size_t kDefaultChunkBytes = 512 * 1024;
+// Below this many bytes the slots win: their copies run from cache, while the kernel pins
+// every page it copies (measured on a 2-core VM: process_vm_readv ~3 GB/s against memcpy's
+// 4.5-6.5; single copy lost at 4-8 MiB and won by 5-12 % at 16-64 MiB).
+constexpr size_t kDefaultSingleCopyMinBytes = 16 << 20;
+// A fused response with more tensors than this keeps the slots (its tensors are small).
+constexpr size_t kMaxSingleCopySegments = 256;
+constexpr size_t kTableBytes = kMaxSingleCopySegments * 2 * sizeof(uint64_t);
 enum { kIn = 0, kReduced = 1, kDone = 2 };
 
 struct alignas(kLine) Counter {
@@ -27,10 +37,44 @@ struct alignas(kLine) Counter {
   char pad[kLine - sizeof(std::atomic<uint64_t>)];
 };
 
-size_t chunk_bytes_from_env() {
-  const char* v = std::getenv("SPARK_HVD_SHM_CHUNK_BYTES");
-  size_t c = v ? std::strtoull(v, nullptr, 10) : kDefaultChunkBytes;
-  return std::max<size_t>(4096, c / kLine * kLine);
+size_t size_from_env(const char* name, size_t fallback) {
+  const char* v = std::getenv(name);
+  return v && *v ? std::strtoull(v, nullptr, 10) : fallback;
+}
+
+SharedMemoryGroup::Settings settings_from_env() {
+  const size_t chunk = size_from_env("SPARK_HVD_SHM_CHUNK_BYTES", kDefaultChunkBytes);
+  const char* single = std::getenv("SPARK_HVD_SHM_SINGLE_COPY");
+  return {std::max<size_t>(4096, chunk / kLine * kLine),
+          size_from_env("SPARK_HVD_SHM_SINGLE_COPY_MIN_BYTES", kDefaultSingleCopyMinBytes),
+          uint8_t(!(single && std::string(single) == "0"))};
+}
+
+// Copies the `remote` ranges of process `pid` into the `local` ranges (equal total length),
+// resuming after partial transfers. Returns 0, or the errno of the failure.
+int read_process(pid_t pid, std::vector<iovec>& local, std::vector<iovec>& remote) {
+  size_t l = 0, r = 0;  // first range not yet complete
+  auto advance = [](std::vector<iovec>& v, size_t& first, size_t n) {
+    while (n > 0) {
+      const size_t step = std::min(n, v[first].iov_len);
+      v[first].iov_base = static_cast<uint8_t*>(v[first].iov_base) + step;
+      v[first].iov_len -= step;
+      n -= step;
+      if (v[first].iov_len == 0) ++first;
+    }
+    while (first < v.size() && v[first].iov_len == 0) ++first;
+  };
+  advance(local, l, 0);
+  advance(remote, r, 0);
+  while (l < local.size() && r < remote.size()) {
+    const ssize_t got = process_vm_readv(pid, &local[l], local.size() - l, &remote[r],
+                                         remote.size() - r, 0);
+    if (got < 0 && errno == EINTR) continue;
+    if (got <= 0) return got < 0 ? errno : EIO;
+    advance(local, l, size_t(got));
+    advance(remote, r, size_t(got));
+  }
+  return 0;
 }
 
 inline void cpu_relax() { __builtin_ia32_pause(); }
@@ -62,35 +106,78 @@ bool move_to_other_cpu(int cpu, const cpu_set_t& taken) {
 // Per member: three progress counters and where it runs, each on its own cache line. `cpu` is
 // (collective << 16) | (CPU + 1): a CPU published during an earlier collective is stale (the
 // thread may have moved since) and is ignored.
+// `id` is written once at set-up: the member's pid, and the address and value of a private
+// word the others read to find out whether they may read this member's memory.
 struct SharedMemoryGroup::Control {
   Counter seq[3];
   Counter cpu;
+  struct alignas(kLine) {
+    uint64_t pid, probe_address, probe_value;
+  } id;
 };
 
+// Layout: every member's Control, every member's table (input and output address of each
+// tensor of the current single-copy allreduce), then the slots and results.
 static size_t control_bytes(int members) { return sizeof(SharedMemoryGroup::Control) * members; }
+static size_t header_bytes(int members) { return control_bytes(members) + kTableBytes * members; }
 
-SharedMemoryGroup::SharedMemoryGroup(void* base, size_t bytes, int members, size_t chunk_bytes)
-    : base_(base), bytes_(bytes), members_(members), chunk_bytes_(chunk_bytes) {}
+SharedMemoryGroup::SharedMemoryGroup(void* base, size_t bytes, int members,
+                                     const Settings& settings)
+    : base_(base), bytes_(bytes), members_(members), chunk_bytes_(settings.chunk_bytes),
+      single_copy_min_bytes_(settings.single_copy_min_bytes),
+      single_copy_(settings.single_copy != 0) {}
 
 SharedMemoryGroup::~SharedMemoryGroup() { munmap(base_, bytes_); }
 
 uint8_t* SharedMemoryGroup::slot(int member, int buffer) const {
-  return static_cast<uint8_t*>(base_) + control_bytes(members_) +
+  return static_cast<uint8_t*>(base_) + header_bytes(members_) +
          (size_t(member) * 2 + buffer) * chunk_bytes_;
 }
 
 uint8_t* SharedMemoryGroup::result(int buffer) const {
-  return static_cast<uint8_t*>(base_) + control_bytes(members_) +
+  return static_cast<uint8_t*>(base_) + header_bytes(members_) +
          (size_t(members_) * 2 + buffer) * chunk_bytes_;
 }
 
+uint64_t* SharedMemoryGroup::table(int member) const {
+  return reinterpret_cast<uint64_t*>(static_cast<uint8_t*>(base_) + control_bytes(members_) +
+                                     kTableBytes * size_t(member));
+}
+
+namespace {
+// Whether this process may read `peer`'s memory: reads its probe word through the kernel.
+bool may_read(const SharedMemoryGroup::Control& peer) {
+  uint64_t got = 0;
+  iovec local{&got, sizeof got};
+  iovec remote{reinterpret_cast<void*>(uintptr_t(peer.id.probe_address)), sizeof got};
+  return process_vm_readv(pid_t(peer.id.pid), &local, 1, &remote, 1, 0) == ssize_t(sizeof got) &&
+         got == peer.id.probe_value;
+}
+}  // namespace
+
 std::unique_ptr<SharedMemoryGroup> SharedMemoryGroup::create(const Communicator& comm,
                                                              const std::string& job_id) {
-  const size_t chunk = chunk_bytes_from_env();
-  const size_t bytes = control_bytes(comm.size) + (size_t(comm.size) * 2 + 2) * chunk;
+  Settings settings{};
   void* base = MAP_FAILED;
+  size_t bytes = 0;
+  auto bytes_for = [&](const Settings& s) {
+    return header_bytes(comm.size) + (size_t(comm.size) * 2 + 2) * s.chunk_bytes;
+  };
+  // The others read this word while probing; it lives until every member has reported.
+  volatile uint64_t probe_word = 0;
+  auto publish_identity = [&] {
+    uint64_t token;
+    random_bytes(reinterpret_cast<uint8_t*>(&token), sizeof token);
+    probe_word = token;
+    auto& id = static_cast<Control*>(base)[comm.rank].id;
+    id.pid = uint64_t(getpid());
+    id.probe_address = uint64_t(reinterpret_cast<uintptr_t>(&probe_word));
+    id.probe_value = token;
+  };
   uint8_t ok = 1;
   if (comm.rank == 0) {
+    settings = settings_from_env();
+    bytes = bytes_for(settings);
     uint8_t rnd[8];
     random_bytes(rnd, sizeof rnd);
     char hex[17];
@@ -101,11 +188,17 @@ std::unique_ptr<SharedMemoryGroup> SharedMemoryGroup::create(const Communicator&
       base = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (fd >= 0) close(fd);
     ok = base != MAP_FAILED;
-    if (ok) std::memset(base, 0, control_bytes(comm.size));
+    if (ok) {
+      std::memset(base, 0, header_bytes(comm.size));
+      publish_identity();
+    }
     const uint32_t len = ok ? uint32_t(name.size()) : 0;
     for (int m = 1; m < comm.size; ++m) {
       comm.link(m)->send(&len, sizeof len);
-      if (len) comm.link(m)->send(name.data(), len);
+      if (len) {
+        comm.link(m)->send(&settings, sizeof settings);
+        comm.link(m)->send(name.data(), len);
+      }
     }
     for (int m = 1; m < comm.size; ++m) {
       uint8_t ack = 0;
@@ -118,13 +211,16 @@ std::unique_ptr<SharedMemoryGroup> SharedMemoryGroup::create(const Communicator&
     uint32_t len = 0;
     comm.link(0)->recv(&len, sizeof len);
     std::string name(len, '\0');
-    if (len) comm.link(0)->recv(&name[0], len);
     if (len) {
+      comm.link(0)->recv(&settings, sizeof settings);
+      comm.link(0)->recv(&name[0], len);
+      bytes = bytes_for(settings);
       int fd = shm_open(name.c_str(), O_RDWR | O_CLOEXEC, 0600);
       if (fd >= 0) {
         base = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
         close(fd);
       }
+      if (base != MAP_FAILED) publish_identity();
     }
     uint8_t ack = base != MAP_FAILED;
     comm.link(0)->send(&ack, 1);
@@ -134,7 +230,27 @@ std::unique_ptr<SharedMemoryGroup> SharedMemoryGroup::create(const Communicator&
     if (base != MAP_FAILED) munmap(base, bytes);
     return nullptr;
   }
-  return std::unique_ptr<SharedMemoryGroup>(new SharedMemoryGroup(base, bytes, comm.size, chunk));
+  // Every identity is published (member 0 wrote its own before sending the name, the others
+  // theirs before acknowledging). Single copy only if every member may read every other.
+  if (settings.single_copy) {
+    uint8_t all = 1;
+    for (int m = 0; m < comm.size; ++m)
+      if (m != comm.rank) all = all && may_read(static_cast<Control*>(base)[m]);
+    if (comm.rank == 0) {
+      for (int m = 1; m < comm.size; ++m) {
+        uint8_t theirs = 0;
+        comm.link(m)->recv(&theirs, 1);
+        all = all && theirs;
+      }
+      for (int m = 1; m < comm.size; ++m) comm.link(m)->send(&all, 1);
+    } else {
+      comm.link(0)->send(&all, 1);
+      comm.link(0)->recv(&all, 1);
+    }
+    settings.single_copy = all;
+  }
+  return std::unique_ptr<SharedMemoryGroup>(
+      new SharedMemoryGroup(base, bytes, comm.size, settings));
 }
 
 namespace {
@@ -209,7 +325,6 @@ void SharedMemoryGroup::wait_all(const Communicator& comm, int which, uint64_t t
   }
 }
 
-namespace {
 
 // The fused tensors seen as one logical array of bytes.
 class SegmentedBuffer {
@@ -224,21 +339,30 @@ class SegmentedBuffer {
     starts_.push_back(pos);
   }
   size_t bytes() const { return starts_.back(); }
+  const std::vector<SharedMemoryGroup::Segment>& segments() const { return segments_; }
 
-  // Calls fn(in, out, length, offset_within_range) for each piece of [pos, pos + len).
+  // Calls fn(segment, offset_in_segment, length, offset_within_range) for each piece of
+  // [pos, pos + len).
   template <typename F>
-  void for_range(size_t pos, size_t len, F fn) const {
+  void for_pieces(size_t pos, size_t len, F fn) const {
     size_t i = std::upper_bound(starts_.begin(), starts_.end(), pos) - starts_.begin() - 1;
     size_t done = 0;
     while (done < len) {
       const size_t off = pos + done - starts_[i];
       const size_t n = std::min(len - done, starts_[i + 1] - starts_[i] - off);
-      if (n > 0)
-        fn(static_cast<const uint8_t*>(segments_[i].in) + off,
-           static_cast<uint8_t*>(segments_[i].out) + off, n, done);
+      if (n > 0) fn(i, off, n, done);
       done += n;
       ++i;
     }
+  }
+
+  // Calls fn(in, out, length, offset_within_range) for each piece of [pos, pos + len).
+  template <typename F>
+  void for_range(size_t pos, size_t len, F fn) const {
+    for_pieces(pos, len, [&](size_t i, size_t off, size_t n, size_t at) {
+      fn(static_cast<const uint8_t*>(segments_[i].in) + off,
+         static_cast<uint8_t*>(segments_[i].out) + off, n, at);
+    });
   }
 
  private:
@@ -247,48 +371,88 @@ class SegmentedBuffer {
   std::vector<size_t> starts_;
 };
 
+namespace {
+
+// Reduces one piece of my slice over every member in member order (src(m): member m's input),
+// partial sums in `acc` (may alias src(0) or src(1)); the scaled result goes to `out` and
+// `copy_to`. Both paths reduce alike, so they give bitwise equal results.
+template <typename Src>
+void reduce_members(int n, Src src, uint8_t* acc, uint8_t* out, uint8_t* copy_to, size_t count,
+                    DataType dtype, ReduceOp op, double scale) {
+  if (n > 2) reduce_out(acc, src(0), src(1), count, dtype, op);
+  for (int m = 2; m < n - 1; ++m) reduce_into(acc, src(m), count, dtype, op);
+  reduce_out_scaled(out, copy_to, n > 2 ? acc : src(0), src(n - 1), count, dtype, op, scale);
+}
+
 }  // namespace
 
-void SharedMemoryGroup::allreduce(const Communicator& comm, const std::vector<Segment>& segments,
-                                  DataType dtype, ReduceOp op, double scale) {
-  const int n = members_, me = comm.rank;
-  const size_t esize = dtype_size(dtype);
-  const SegmentedBuffer data(segments, esize);
-  const size_t count = data.bytes() / esize;
-  if (count == 0) return;
-  // Chunk and slice boundaries fall on element boundaries.
-  const size_t chunk_elems = std::max<size_t>(n, chunk_bytes_ / esize / n * n);
-  const size_t chunks = (count + chunk_elems - 1) / chunk_elems;
-  const uint64_t base_seq = chunks_done_;
-  chunks_done_ += chunks;
+// Chunk k of a collective: its sequence number, which slot buffer it uses, and its slices
+// (slice i = elements [lo(i), lo(i + 1)) of the chunk). Boundaries fall on elements.
+struct SharedMemoryGroup::Chunk {
+  uint64_t seq;
+  int b;
+  size_t first, elems;
+  int n;
+  size_t esize;
+  size_t lo(int i) const { return elems * size_t(i) / n; }
+  size_t slice_pos(int i) const { return (first + lo(i)) * esize; }
+  size_t slice_bytes(int i) const { return (lo(i + 1) - lo(i)) * esize; }
+};
+
+SharedMemoryGroup::Plan SharedMemoryGroup::start(const Communicator& comm, size_t count,
+                                                 size_t esize) {
+  Plan p;
+  p.count = count;
+  p.esize = esize;
+  p.chunk_elems = std::max<size_t>(members_, chunk_bytes_ / esize / members_ * members_);
+  p.chunks = (count + p.chunk_elems - 1) / p.chunk_elems;
+  p.base_seq = chunks_done_;
+  p.n = members_;
+  chunks_done_ += p.chunks;
   moved_ = false;
   collective_ = (collective_ + 1) & 0xffffffffffffULL;  // the same count on every member
   publish_cpu(comm);
-  auto* ctl = static_cast<Control*>(base_);
-  Counter* mine = ctl[me].seq;
+  return p;
+}
 
-  // Geometry of chunk k: sequence number, buffer, and slice i = elements [lo(i), lo(i+1)).
-  struct Chunk {
-    uint64_t seq;
-    int b;
-    size_t first, elems;
-  };
-  auto chunk = [&](size_t k) {
-    const size_t first = k * chunk_elems;
-    return Chunk{base_seq + k + 1, int((base_seq + k + 1) & 1), first,
-                 std::min(chunk_elems, count - first)};
-  };
-  auto lo = [&](const Chunk& c, int i) { return c.elems * size_t(i) / n; };
-  auto slice_pos = [&](const Chunk& c, int i) { return (c.first + lo(c, i)) * esize; };
-  auto slice_bytes = [&](const Chunk& c, int i) { return (lo(c, i + 1) - lo(c, i)) * esize; };
+SharedMemoryGroup::Chunk SharedMemoryGroup::Plan::chunk(size_t k) const {
+  const size_t first = k * chunk_elems;
+  const uint64_t seq = base_seq + k + 1;
+  return Chunk{seq, int(seq & 1), first, std::min(chunk_elems, count - first), n, esize};
+}
+
+bool SharedMemoryGroup::single_copy(const std::vector<Segment>& segments, DataType dtype) const {
+  if (!single_copy_ || segments.size() > kMaxSingleCopySegments) return false;
+  size_t count = 0;
+  for (const Segment& s : segments) count += s.count;
+  return count * dtype_size(dtype) >= single_copy_min_bytes_;
+}
+
+void SharedMemoryGroup::allreduce(const Communicator& comm, const std::vector<Segment>& segments,
+                                  DataType dtype, ReduceOp op, double scale) {
+  const size_t esize = dtype_size(dtype);
+  const SegmentedBuffer data(segments, esize);
+  if (data.bytes() == 0) return;
+  const bool direct = single_copy(segments, dtype);
+  const Plan plan = start(comm, data.bytes() / esize, esize);
+  if (direct) allreduce_single_copy(comm, data, plan, dtype, op, scale);
+  else allreduce_through_slots(comm, data, plan, dtype, op, scale);
+}
+
+void SharedMemoryGroup::allreduce_through_slots(const Communicator& comm,
+                                                const SegmentedBuffer& data, const Plan& plan,
+                                                DataType dtype, ReduceOp op, double scale) {
+  const int n = members_, me = comm.rank;
+  const size_t esize = plan.esize;
+  Counter* mine = static_cast<Control*>(base_)[me].seq;
 
   // 1. copy-in: the slices other members reduce go into my slot.
   auto copy_in = [&](const Chunk& c) {
     if (c.seq > 2) wait_all(comm, kDone, c.seq - 2);  // slot last read two chunks ago
     for (int i = 0; i < n; ++i) {
       if (i == me) continue;
-      uint8_t* dst = slot(me, c.b) + lo(c, i) * esize;
-      data.for_range(slice_pos(c, i), slice_bytes(c, i),
+      uint8_t* dst = slot(me, c.b) + c.lo(i) * esize;
+      data.for_range(c.slice_pos(i), c.slice_bytes(i),
                      [&](const uint8_t* in, uint8_t*, size_t len, size_t at) {
                        std::memcpy(dst + at, in, len);
                      });
@@ -296,42 +460,130 @@ void SharedMemoryGroup::allreduce(const Communicator& comm, const std::vector<Se
     mine[kIn].value.store(c.seq, std::memory_order_release);
   };
 
-  copy_in(chunk(0));
-  for (size_t k = 0; k < chunks; ++k) {
-    const Chunk c = chunk(k);
-    // 2. reduce my slice in member order (mine straight from my tensors) into the result.
+  copy_in(plan.chunk(0));
+  for (size_t k = 0; k < plan.chunks; ++k) {
+    const Chunk c = plan.chunk(k);
+    // 2. reduce my slice in member order (mine straight from my tensors) into the result:
+    // partial sums in the shared result, the last member added, scaled and written to both
+    // the result and my own tensor in one pass.
     wait_all(comm, kIn, c.seq);
-    uint8_t* out = result(c.b) + lo(c, me) * esize;
-    // Members 0..n-2 are summed into the shared result, then the last one is added, scaled
-    // and written to both the result and my own tensor in one pass.
-    data.for_range(slice_pos(c, me), slice_bytes(c, me),
+    uint8_t* out = result(c.b) + c.lo(me) * esize;
+    data.for_range(c.slice_pos(me), c.slice_bytes(me),
                    [&](const uint8_t* in, uint8_t* dst, size_t len, size_t at) {
                      auto src = [&](int m) -> const uint8_t* {
-                       return m == me ? in : slot(m, c.b) + lo(c, me) * esize + at;
+                       return m == me ? in : slot(m, c.b) + c.lo(me) * esize + at;
                      };
-                     const size_t e = len / esize;
-                     if (n > 2) reduce_out(out + at, src(0), src(1), e, dtype, op);
-                     for (int m = 2; m < n - 1; ++m) reduce_into(out + at, src(m), e, dtype, op);
-                     reduce_out_scaled(out + at, dst, n > 2 ? out + at : src(0), src(n - 1), e,
-                                       dtype, op, scale);
+                     reduce_members(n, src, out + at, out + at, dst, len / esize, dtype, op,
+                                    scale);
                    });
     mine[kReduced].value.store(c.seq, std::memory_order_release);
     // Software pipelining: publish the next chunk before waiting for the others' reductions,
     // so a member that runs late finds its inputs ready instead of stalling everyone.
-    if (k + 1 < chunks) copy_in(chunk(k + 1));
+    if (k + 1 < plan.chunks) copy_in(plan.chunk(k + 1));
 
     // 3. copy-out everybody else's slices.
     wait_all(comm, kReduced, c.seq);
     for (int i = 0; i < n; ++i) {
       if (i == me) continue;
-      const uint8_t* src = result(c.b) + lo(c, i) * esize;
-      data.for_range(slice_pos(c, i), slice_bytes(c, i),
+      const uint8_t* src = result(c.b) + c.lo(i) * esize;
+      data.for_range(c.slice_pos(i), c.slice_bytes(i),
                      [&](const uint8_t*, uint8_t* dst, size_t len, size_t at) {
                        std::memcpy(dst, src + at, len);
                      });
     }
     mine[kDone].value.store(c.seq, std::memory_order_release);
   }
+}
+
+// The same chunks and slices as the slots path, but member r reads the others' inputs of its
+// slice with process_vm_readv into `peer_slices_` (private, cache-sized), reduces into its own
+// output, and then reads every other slice's result from the output of the member that reduced
+// it. Which member may touch what, and when:
+//   - my input slice i (i != me) is read by member i during its reduce of the chunk; I write my
+//     output slice i (the same memory when in place) only after i has published that reduce;
+//   - my output slice `me` is read by the others after I publish its reduce, and I leave it
+//     alone from then on; the final barrier keeps the caller from reusing the tensors while a
+//     peer may still read them;
+//   - the table (where my tensors are) is written before kIn is published and stays unchanged
+//     until the final barrier.
+void SharedMemoryGroup::allreduce_single_copy(const Communicator& comm,
+                                              const SegmentedBuffer& data, const Plan& plan,
+                                              DataType dtype, ReduceOp op, double scale) {
+  const int n = members_, me = comm.rank;
+  const size_t esize = plan.esize;
+  const uint64_t base_seq = plan.base_seq;
+  const size_t slice_cap = plan.chunk_elems / n * esize;
+  auto* ctl = static_cast<Control*>(base_);
+  Counter* mine = ctl[me].seq;
+
+  uint64_t* my_table = table(me);
+  for (size_t i = 0; i < data.segments().size(); ++i) {
+    my_table[2 * i] = uint64_t(reinterpret_cast<uintptr_t>(data.segments()[i].in));
+    my_table[2 * i + 1] = uint64_t(reinterpret_cast<uintptr_t>(data.segments()[i].out));
+  }
+  mine[kIn].value.store(base_seq + 1, std::memory_order_release);
+  wait_all(comm, kIn, base_seq + 1);
+
+  if (peer_slices_.size() < slice_cap * (n - 1)) peer_slices_.resize(slice_cap * (n - 1));
+  auto peer_slice = [&](int m) {
+    return peer_slices_.data() + size_t(m < me ? m : m - 1) * slice_cap;
+  };
+  std::vector<iovec> local, remote;
+  // Reads member m's bytes [pos, pos + len) of the logical array (its inputs, or its outputs
+  // when `outputs`) into `local`, which the caller has filled.
+  auto read_member = [&](int m, size_t pos, size_t len, bool outputs) {
+    remote.clear();
+    const uint64_t* t = table(m);
+    data.for_pieces(pos, len, [&](size_t i, size_t off, size_t piece, size_t) {
+      remote.push_back({reinterpret_cast<void*>(uintptr_t(t[2 * i + outputs]) + off), piece});
+    });
+    const int err = read_process(pid_t(ctl[m].id.pid), local, remote);
+    if (err == 0) return;
+    const std::string who = "rank " + std::to_string(comm.global_ranks[m]);
+    if (err == ESRCH || !comm.link(m)->peer_alive())
+      throw PeerLostError(who + " died during a shared-memory allreduce");
+    throw std::runtime_error("shared-memory allreduce: reading the tensors of " + who +
+                             " failed: " + strerror(err));
+  };
+
+  auto reduce = [&](const Chunk& c) {
+    const size_t pos = c.slice_pos(me), len = c.slice_bytes(me);
+    for (int m = 0; m < n; ++m) {
+      if (m == me) continue;
+      local.assign(1, {peer_slice(m), len});
+      read_member(m, pos, len, false);
+    }
+    // Member order, as on the slots path. With more than two members the partial sum goes to
+    // a private buffer already read (never to my output: in place, it is one of the inputs).
+    data.for_range(pos, len, [&](const uint8_t* in, uint8_t* dst, size_t piece, size_t at) {
+      auto src = [&](int m) -> const uint8_t* { return m == me ? in : peer_slice(m) + at; };
+      uint8_t* acc = n > 2 ? peer_slice(me == 0 ? 1 : 0) + at : nullptr;
+      reduce_members(n, src, acc, dst, dst, piece / esize, dtype, op, scale);
+    });
+    mine[kReduced].value.store(c.seq, std::memory_order_release);
+  };
+
+  auto copy_out = [&](const Chunk& c) {
+    wait_all(comm, kReduced, c.seq);
+    for (int m = 0; m < n; ++m) {
+      if (m == me) continue;
+      local.clear();
+      data.for_range(c.slice_pos(m), c.slice_bytes(m),
+                     [&](const uint8_t*, uint8_t* dst, size_t piece, size_t) {
+                       local.push_back({dst, piece});
+                     });
+      read_member(m, c.slice_pos(m), c.slice_bytes(m), true);
+    }
+  };
+
+  // One chunk ahead: my next slice is reduced before I wait for the others' current ones.
+  reduce(plan.chunk(0));
+  for (size_t k = 0; k < plan.chunks; ++k) {
+    if (k + 1 < plan.chunks) reduce(plan.chunk(k + 1));
+    copy_out(plan.chunk(k));
+  }
+  mine[kDone].value.store(base_seq + plan.chunks, std::memory_order_release);
+  wait_all(comm, kDone, base_seq + plan.chunks);
 }
 
 }  // namespace shvd

@@ -73,8 +73,13 @@ void Engine::run_allreduce(const Response& r, std::vector<Entry*>& entries,
     std::vector<SharedMemoryGroup::Segment> segments;
     for (size_t i = 0; i < entries.size(); ++i)
       segments.push_back({entries[i]->input, entries[i]->output, counts[i]});
+    // Nested under ALLREDUCE, the timeline names which shared-memory path ran.
+    const char* how = comm.shm_group->single_copy(segments, r.dtype) ? "SHM_SINGLE_COPY_ALLREDUCE"
+                                                                     : "SHM_ALLREDUCE";
     phase(timeline_, r.names, "ALLREDUCE", [&] {
-      comm.shm_group->allreduce(comm, segments, r.dtype, r.reduce_op, post);
+      phase(timeline_, r.names, how, [&] {
+        comm.shm_group->allreduce(comm, segments, r.dtype, r.reduce_op, post);
+      });
     });
     return;
   }

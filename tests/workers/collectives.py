@@ -14,7 +14,8 @@ import time
 import numpy as np
 
 import spark_hvd.numpy as hvd
-from _wutil import ALL_DTYPES, Checks, close, describe_diff, digest, make_input, tolerance
+from _wutil import (ALL_DTYPES, Checks, close, deny_process_vm_readv, describe_diff, digest,
+                    make_input, tolerance)
 
 SHAPES = [(0,), (1,), (7,), (3, 5), (2, 3, 4), (1031,), (33, 1025)]
 # Subsets run every op and dtype too, on fewer shapes (their ranks wait for each other).
@@ -468,6 +469,8 @@ def main():
 
     import os
     size = int(os.environ.get("SPARK_HVD_SIZE", "1"))  # 1: started without a launcher
+    if os.environ.get("DENY_PROCESS_VM_READV_RANK") == os.environ.get("SPARK_HVD_RANK"):
+        deny_process_vm_readv()  # before init: the engine thread inherits the filter
     # Two subsets: all ranks but the last, and all but rank 0 (the coordinator). With two
     # ranks these are the one-rank sets [0] and [1].
     subsets = [list(range(size - 1)), list(range(1, size))]
