@@ -234,6 +234,10 @@ int32_t shvd_init(const shvd_init_options* o) {
     eo.coordinator.stall_warning_seconds = o->stall_warning_seconds;
     eo.coordinator.stall_shutdown_seconds = o->stall_shutdown_seconds;
     if (o->ring_threshold_bytes > 0) eo.ring_threshold_bytes = size_t(o->ring_threshold_bytes);
+    if (o->shm_chunk_bytes > 0) eo.shm_group.chunk_bytes = uint64_t(o->shm_chunk_bytes);
+    eo.shm_group.single_copy = o->shm_single_copy != 0;
+    if (o->shm_single_copy_min_bytes >= 0)
+      eo.shm_group.single_copy_min_bytes = uint64_t(o->shm_single_copy_min_bytes);
     const int32_t* ranks = o->process_set_ranks;
     for (int i = 0; i < o->num_process_sets; ++i) {
       eo.static_process_sets.emplace_back(ranks, ranks + o->process_set_sizes[i]);

@@ -104,6 +104,22 @@ def test_shared_memory_single_copy_refused(tmp_path):
     assert _allreduce_paths(timeline) == {"SHM_ALLREDUCE"}
 
 
+@pytest.mark.timeout(180)
+def test_shared_memory_settings_of_rank_0_apply(tmp_path):
+    """Shared-memory settings that differ between ranks (rank 1: single copy from 0 bytes and
+    4 KiB chunks, rank 2: single copy off) cannot split a set: rank 0's apply to every member
+    (rank 0's defaults keep these small tensors on the slots path)."""
+    timeline = tmp_path / "timeline.json"
+    r = run_job(3, "collectives", "--sets", "none", "--suites", "allreduce,grouped_allreduce",
+                transport="shm",
+                env={"ENV_OF_RANK_1": "SPARK_HVD_SHM_SINGLE_COPY_MIN_BYTES=0 "
+                                      "SPARK_HVD_SHM_CHUNK_BYTES=4096",
+                     "ENV_OF_RANK_2": "SPARK_HVD_SHM_SINGLE_COPY=0",
+                     "SPARK_HVD_TIMELINE": timeline}, timeout=160)
+    r.assert_ok(3)
+    assert _allreduce_paths(timeline) == {"SHM_ALLREDUCE"}
+
+
 @pytest.mark.timeout(120)
 def test_single_process_job():
     """A script started without a launcher is a job of size 1: every op returns its input

@@ -69,12 +69,20 @@ def test_engines_on_one_cpu(widen):
         assert stayed <= 2, f"rank 0's engine stayed on CPU {shared} after {stayed} of 5: {rank0}"
 
 
-def test_overlap_setting_is_checked():
-    """A bad SPARK_HVD_OVERLAP fails init with a message naming the variable."""
-    r = run_job(2, "features", "progress", transport="tcp",
-                env={"SPARK_HVD_OVERLAP": "sometimes"}, timeout=50)
+@pytest.mark.parametrize("name,value,message", [
+    ("SPARK_HVD_OVERLAP", "sometimes", "SPARK_HVD_OVERLAP must be auto, 1 or 0"),
+    ("SPARK_HVD_SHM_SINGLE_COPY_MIN_BYTES", "16M",
+     "SPARK_HVD_SHM_SINGLE_COPY_MIN_BYTES='16M' is not a number"),
+    ("SPARK_HVD_SHM_SINGLE_COPY_MIN_BYTES", "-1",
+     "SPARK_HVD_SHM_SINGLE_COPY_MIN_BYTES must be >= 0"),
+    ("SPARK_HVD_SHM_CHUNK_BYTES", "-4096", "SPARK_HVD_SHM_CHUNK_BYTES must be >= 0"),
+])
+def test_bad_setting_is_refused(name, value, message):
+    """A bad setting fails init with a message naming the variable (the launcher then stops
+    the other rank, which may or may not have printed its own)."""
+    r = run_job(2, "features", "progress", transport="tcp", env={name: value}, timeout=50)
     assert r.returncode != 0
-    assert "SPARK_HVD_OVERLAP must be auto, 1 or 0" in r.stdout + r.stderr, r.describe()
+    assert message in r.stdout + r.stderr, r.describe()
 
 
 # -- re-init --------------------------------------------------------------------------------

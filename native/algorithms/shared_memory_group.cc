@@ -4,14 +4,15 @@
 #include <sched.h>
 #include <time.h>
 #include <sys/mman.h>
+#include <sys/syscall.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <climits>
 #include <chrono>
-#include <cstdlib>
 #include <cstring>
 #include <string>
 
@@ -22,33 +23,16 @@ namespace shvd {
 
 namespace {
 constexpr size_t kLine = 64;
-constexpr size_t kDefaultChunkBytes = 512 * 1024;
-// Below this many bytes the slots win: their copies run from cache, while the kernel pins
-// every page it copies (measured on a 2-core VM: process_vm_readv ~3 GB/s against memcpy's
-// 4.5-6.5; single copy lost at 4-8 MiB and won by 5-12 % at 16-64 MiB).
-constexpr size_t kDefaultSingleCopyMinBytes = 16 << 20;
 // A fused response with more tensors than this keeps the slots (its tensors are small).
 constexpr size_t kMaxSingleCopySegments = 256;
 constexpr size_t kTableBytes = kMaxSingleCopySegments * 2 * sizeof(uint64_t);
+static_assert(kMaxSingleCopySegments <= IOV_MAX, "one process_vm_readv per slice");
 enum { kIn = 0, kReduced = 1, kDone = 2 };
 
 struct alignas(kLine) Counter {
   std::atomic<uint64_t> value;
   char pad[kLine - sizeof(std::atomic<uint64_t>)];
 };
-
-size_t size_from_env(const char* name, size_t fallback) {
-  const char* v = std::getenv(name);
-  return v && *v ? std::strtoull(v, nullptr, 10) : fallback;
-}
-
-SharedMemoryGroup::Settings settings_from_env() {
-  const size_t chunk = size_from_env("SPARK_HVD_SHM_CHUNK_BYTES", kDefaultChunkBytes);
-  const char* single = std::getenv("SPARK_HVD_SHM_SINGLE_COPY");
-  return {std::max<size_t>(4096, chunk / kLine * kLine),
-          size_from_env("SPARK_HVD_SHM_SINGLE_COPY_MIN_BYTES", kDefaultSingleCopyMinBytes),
-          uint8_t(!(single && std::string(single) == "0"))};
-}
 
 // Copies the `remote` ranges of process `pid` into the `local` ranges (equal total length),
 // resuming after partial transfers. Returns 0, or the errno of the failure.
@@ -106,13 +90,15 @@ bool move_to_other_cpu(int cpu, const cpu_set_t& taken) {
 // Per member: three progress counters and where it runs, each on its own cache line. `cpu` is
 // (collective << 16) | (CPU + 1): a CPU published during an earlier collective is stale (the
 // thread may have moved since) and is ignored.
-// `id` is written once at set-up: the member's pid, and the address and value of a private
-// word the others read to find out whether they may read this member's memory.
+// `id` is written once at set-up: the member's engine thread (the address space to read;
+// the main thread may have exited while the engine runs, and a thread id names the process
+// as well), and the address and value of a private word the others read to find out whether
+// they may read this member's memory.
 struct SharedMemoryGroup::Control {
   Counter seq[3];
   Counter cpu;
   struct alignas(kLine) {
-    uint64_t pid, probe_address, probe_value;
+    uint64_t thread, probe_address, probe_value;
   } id;
 };
 
@@ -150,14 +136,15 @@ bool may_read(const SharedMemoryGroup::Control& peer) {
   uint64_t got = 0;
   iovec local{&got, sizeof got};
   iovec remote{reinterpret_cast<void*>(uintptr_t(peer.id.probe_address)), sizeof got};
-  return process_vm_readv(pid_t(peer.id.pid), &local, 1, &remote, 1, 0) == ssize_t(sizeof got) &&
+  return process_vm_readv(pid_t(peer.id.thread), &local, 1, &remote, 1, 0) == ssize_t(sizeof got) &&
          got == peer.id.probe_value;
 }
 }  // namespace
 
 std::unique_ptr<SharedMemoryGroup> SharedMemoryGroup::create(const Communicator& comm,
-                                                             const std::string& job_id) {
-  Settings settings{};
+                                                             const std::string& job_id,
+                                                             const Settings& wanted) {
+  Settings settings;
   void* base = MAP_FAILED;
   size_t bytes = 0;
   auto bytes_for = [&](const Settings& s) {
@@ -170,13 +157,14 @@ std::unique_ptr<SharedMemoryGroup> SharedMemoryGroup::create(const Communicator&
     random_bytes(reinterpret_cast<uint8_t*>(&token), sizeof token);
     probe_word = token;
     auto& id = static_cast<Control*>(base)[comm.rank].id;
-    id.pid = uint64_t(getpid());
+    id.thread = uint64_t(syscall(SYS_gettid));  // create() and allreduce() run on the engine
     id.probe_address = uint64_t(reinterpret_cast<uintptr_t>(&probe_word));
     id.probe_value = token;
   };
   uint8_t ok = 1;
   if (comm.rank == 0) {
-    settings = settings_from_env();
+    settings = wanted;
+    settings.chunk_bytes = std::max<uint64_t>(4096, wanted.chunk_bytes / kLine * kLine);
     bytes = bytes_for(settings);
     uint8_t rnd[8];
     random_bytes(rnd, sizeof rnd);
@@ -537,13 +525,22 @@ void SharedMemoryGroup::allreduce_single_copy(const Communicator& comm,
     data.for_pieces(pos, len, [&](size_t i, size_t off, size_t piece, size_t) {
       remote.push_back({reinterpret_cast<void*>(uintptr_t(t[2 * i + outputs]) + off), piece});
     });
-    const int err = read_process(pid_t(ctl[m].id.pid), local, remote);
+    const int err = read_process(pid_t(ctl[m].id.thread), local, remote);
     if (err == 0) return;
-    const std::string who = "rank " + std::to_string(comm.global_ranks[m]);
-    if (err == ESRCH || !comm.link(m)->peer_alive())
-      throw PeerLostError(who + " died during a shared-memory allreduce");
-    throw std::runtime_error("shared-memory allreduce: reading the tensors of " + who +
-                             " failed: " + strerror(err));
+    // A failed read usually means a member is gone, maybe not m: a third rank's death can
+    // make m abort and release its tensors while I read them. Name the real cause.
+    auto lost = [&](int member) {
+      return PeerLostError("rank " + std::to_string(comm.global_ranks[member]) +
+                           " died during a shared-memory allreduce");
+    };
+    global_abort().check();
+    for (int other = 0; other < n; ++other)
+      if (other != me && !comm.link(other)->peer_alive()) throw lost(other);
+    if (err == ESRCH) throw lost(m);
+    throw std::runtime_error("shared-memory allreduce: reading the tensors of rank " +
+                             std::to_string(comm.global_ranks[m]) + " failed (" +
+                             strerror(err) + "); memory the kernel cannot read across "
+                             "processes needs SPARK_HVD_SHM_SINGLE_COPY=0");
   };
 
   auto reduce = [&](const Chunk& c) {

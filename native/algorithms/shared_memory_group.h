@@ -38,12 +38,25 @@ class SegmentedBuffer;  // the fused tensors of one allreduce seen as one array
 
 class SharedMemoryGroup {
  public:
+  // Set-up values every member takes from member 0, so differing environments cannot split
+  // the group into different chunk geometries or paths.
+  struct Settings {
+    uint64_t chunk_bytes = 512 * 1024;  // rounded to cache lines, at least 4 KiB
+    // Below this size the slots win: their copies run from cache, while the kernel pins every
+    // page it copies (on a 2-core VM process_vm_readv copied at ~3 GB/s against memcpy's
+    // 4.5-6.5; single copy lost at 4-8 MiB and won by 5-12 % at 16-64 MiB).
+    uint64_t single_copy_min_bytes = 16 << 20;
+    uint8_t single_copy = 1;  // wanted (member 0's setting), then: allowed on every member
+  };
+
   // Collective over `comm` (every member calls it for the same communicator): member 0 creates
   // the segment and sends its name over the data links; the others map it and acknowledge; then
   // the name is unlinked so nothing is left behind after a crash. Returns nullptr (on every
   // member alike) when shared memory cannot be set up, and the caller falls back to the links.
+  // Member 0's `settings` apply to every member.
   static std::unique_ptr<SharedMemoryGroup> create(const Communicator& comm,
-                                                   const std::string& job_id);
+                                                   const std::string& job_id,
+                                                   const Settings& settings);
   ~SharedMemoryGroup();
 
   // One tensor of a fused response: read from `in`, result written to `out` (may alias).
@@ -63,13 +76,6 @@ class SharedMemoryGroup {
   // every member: it depends only on the response and on settings agreed at set-up).
   bool single_copy(const std::vector<Segment>& segments, DataType dtype) const;
 
-  // Set-up values every member takes from member 0, so differing environments cannot split
-  // the group into different chunk geometries or paths.
-  struct Settings {
-    uint64_t chunk_bytes;
-    uint64_t single_copy_min_bytes;
-    uint8_t single_copy;  // wanted (member 0's setting), then: allowed on every member
-  };
 
   struct Control;  // per-member progress counters at the start of the segment
 

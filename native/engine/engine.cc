@@ -152,7 +152,7 @@ const Communicator& Engine::communicator(int process_set) {
   // Every member builds this communicator while executing the same response, so the
   // collective set-up of the shared segment lines up across members.
   if (all_shared_memory && c.rank >= 0) {
-    auto group = SharedMemoryGroup::create(c, options_.job_id);
+    auto group = SharedMemoryGroup::create(c, options_.job_id, options_.shm_group);
     c.shm_group = group.get();
     shm_groups_[process_set] = std::move(group);
   }

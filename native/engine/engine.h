@@ -39,6 +39,7 @@ struct EngineOptions {
   int rank = 0, size = 1, local_rank = 0, local_size = 1, cross_rank = 0, cross_size = 1;
   CoordinatorOptions coordinator;
   size_t ring_threshold_bytes = kDefaultRingThresholdBytes;
+  SharedMemoryGroup::Settings shm_group;  // used as rank 0's
   std::vector<std::vector<int>> static_process_sets;
   std::string job_id = "job";
   // After activity the engine polls for this long before sleeping: back-to-back collectives

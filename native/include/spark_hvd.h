@@ -46,6 +46,12 @@ typedef struct {
   /* 1: run collectives while the user thread is still submitting; 0: collect a burst of ops
    * until a result is awaited (hosts without a spare core per rank); -1: decide from the host. */
   int32_t overlap;
+  /* Shared-memory allreduce (rank 0's values apply to every member of a set): chunk size
+   * (0: default), whether large allreduces may read peers' memory directly (0: never), and
+   * from which size they do (-1: default). */
+  int64_t shm_chunk_bytes;
+  int32_t shm_single_copy;
+  int64_t shm_single_copy_min_bytes;
 } shvd_init_options;
 
 enum {

@@ -162,6 +162,9 @@ def start(config, comm=None, process_sets=(), rendezvous=None, placement=None, s
         timeline_mark_cycles=1 if config.timeline_mark_cycles else 0,
         process_set_ranks=ranks_arr, process_set_sizes=sizes_arr,
         num_process_sets=len(sizes),
-        overlap=config.overlap)
+        overlap=config.overlap,
+        shm_chunk_bytes=config.shm_chunk_bytes,
+        shm_single_copy=1 if config.shm_single_copy else 0,
+        shm_single_copy_min_bytes=config.shm_single_copy_min_bytes)
     check(lib.shvd_init(opts))
     return placement

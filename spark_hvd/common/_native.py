@@ -47,6 +47,9 @@ class InitOptions(ctypes.Structure):
         ("process_set_sizes", ctypes.POINTER(ctypes.c_int32)),
         ("num_process_sets", ctypes.c_int32),
         ("overlap", ctypes.c_int32),
+        ("shm_chunk_bytes", ctypes.c_int64),
+        ("shm_single_copy", ctypes.c_int32),
+        ("shm_single_copy_min_bytes", ctypes.c_int64),
     ]
 
 
