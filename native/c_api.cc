@@ -120,10 +120,17 @@ Entry make_entry(const shvd_op& op, std::string_view name, std::string_view grou
     throw OpMismatchError("rank " + std::to_string(my_rank) + " is not a member of process set " +
                           std::to_string(r.process_set) + " and cannot run '" + r.name + "' on it");
   if (r.op == OpType::kAllreduce || r.op == OpType::kReducescatter) {
-    if (r.reduce_op == ReduceOp::kAdasum)
-      throw OpMismatchError("op=Adasum is not supported by spark_hvd yet; use Average or Sum");
     if (r.reduce_op < ReduceOp::kAverage || r.reduce_op > ReduceOp::kProduct)
       throw OpMismatchError("unknown reduce op " + std::to_string(int(r.reduce_op)));
+    if (r.reduce_op == ReduceOp::kAdasum && r.op == OpType::kAllreduce) {
+      if (!adasum_supports(r.dtype))
+        throw OpMismatchError("op=Adasum reduces floating-point tensors only; '" + r.name +
+                              "' is " + dtype_name(r.dtype) + " (use op=Sum or Average)");
+      if ((set_size & (set_size - 1)) != 0)
+        throw OpMismatchError("op=Adasum needs a power-of-two number of ranks; '" + r.name +
+                              "' runs on " + std::to_string(set_size) +
+                              " (use op=Average, or a process set of 2, 4, 8 ... ranks)");
+    }
     if (r.op == OpType::kReducescatter &&
         r.reduce_op != ReduceOp::kSum && r.reduce_op != ReduceOp::kAverage)
       throw OpMismatchError("reducescatter supports op=Sum and op=Average only");

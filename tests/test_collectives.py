@@ -120,6 +120,16 @@ def test_shared_memory_settings_of_rank_0_apply(tmp_path):
     assert _allreduce_paths(timeline) == {"SHM_ALLREDUCE"}
 
 
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_adasum_four_ranks(transport):
+    """op=Adasum over 4 ranks (two levels of pairwise combination) against a float64
+    reference, single and fused; the 3-rank static sets refuse it (not a power of two)."""
+    r = run_job(4, "collectives", "--sets", "static", "--suites", "adasum",
+                transport=transport, timeout=130)
+    r.assert_ok(4)
+
+
 @pytest.mark.timeout(120)
 def test_single_process_job():
     """A script started without a launcher is a job of size 1: every op returns its input

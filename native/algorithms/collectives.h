@@ -50,6 +50,12 @@ void allreduce_ring(const Communicator& comm, void* buf, size_t count, DataType 
 void allreduce_recursive_doubling(const Communicator& comm, void* buf, size_t count,
                                   DataType dtype, ReduceOp op, Scratch& scratch);
 
+// In-place Adasum of consecutive tensors (`tensor_counts` elements each) over a power-of-two
+// number of members; floating-point dtypes only (adasum_supports).
+bool adasum_supports(DataType dtype);
+void allreduce_adasum(const Communicator& comm, void* buf,
+                      const std::vector<size_t>& tensor_counts, DataType dtype, Scratch& scratch);
+
 // Reduce-scatter of `buf` (all members' full inputs, in place) into blocks: member i ends with
 // the reduction of block i (elements [offsets[i], offsets[i] + counts[i])) in place in `buf`.
 void reducescatter_ring(const Communicator& comm, void* buf, const std::vector<size_t>& counts,

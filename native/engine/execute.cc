@@ -56,9 +56,15 @@ void Engine::run_allreduce(const Response& r, std::vector<Entry*>& entries,
     total += counts.back();
   }
   const double post = final_scale(r, comm.size);
-  auto reduce = [&](void* buf, size_t count) {
+  // Reduces consecutive tensors in place (Adasum combines each tensor on its own).
+  auto reduce = [&](void* buf, const std::vector<size_t>& tensor_counts) {
+    size_t count = 0;
+    for (size_t c : tensor_counts) count += c;
     if (r.prescale != 1.0) scale_buffer(buf, count, r.dtype, r.prescale);
-    allreduce(comm, buf, count, r.dtype, r.reduce_op, scratch_, options_.ring_threshold_bytes);
+    if (r.reduce_op == ReduceOp::kAdasum)
+      allreduce_adasum(comm, buf, tensor_counts, r.dtype, scratch_);
+    else
+      allreduce(comm, buf, count, r.dtype, r.reduce_op, scratch_, options_.ring_threshold_bytes);
     if (post != 1.0) scale_buffer(buf, count, r.dtype, post);
   };
 
@@ -67,7 +73,8 @@ void Engine::run_allreduce(const Response& r, std::vector<Entry*>& entries,
   // Every member must take the same path: the group applies `post` to the slices each member
   // reduces, so one member on the direct path and another on the fallback (a joined rank has no
   // entries) would leave some slices unscaled. The response, not local state, decides.
-  bool direct = comm.shm_group && r.prescale == 1.0 && r.joined.empty();
+  bool direct = comm.shm_group && r.prescale == 1.0 && r.joined.empty() &&
+                r.reduce_op != ReduceOp::kAdasum;
   for (Entry* e : entries) direct = direct && e;
   if (direct) {
     std::vector<SharedMemoryGroup::Segment> segments;
@@ -91,7 +98,7 @@ void Engine::run_allreduce(const Response& r, std::vector<Entry*>& entries,
         Entry* e = entries[i];
         if (!e) continue;
         if (e->output != e->input) std::memcpy(e->output, e->input, counts[i] * esize);
-        reduce(e->output, counts[i]);
+        reduce(e->output, {counts[i]});
       }
     });
     return;
@@ -107,7 +114,7 @@ void Engine::run_allreduce(const Response& r, std::vector<Entry*>& entries,
       off += bytes;
     }
   });
-  phase(timeline_, r.names, "ALLREDUCE", [&] { reduce(fused, total); });
+  phase(timeline_, r.names, "ALLREDUCE", [&] { reduce(fused, counts); });
   phase(timeline_, r.names, "MEMCPY_OUT_FUSION_BUFFER", [&] {
     size_t off = 0;
     for (size_t i = 0; i < entries.size(); ++i) {

@@ -130,7 +130,8 @@ def DistributedOptimizer(optimizer, name=None, device_dense='', device_sparse=''
         sparse_as_dense: densify ``tf.IndexedSlices`` gradients (embeddings) before reducing.
         gradient_predivide_factor: with op=Average, divide by this factor before the sum and
             by ``size / factor`` after.
-        op: ``Average`` (default) or ``Sum``; ``Adasum`` raises NotImplementedError.
+        op: ``Average`` (default), ``Sum`` or ``Adasum`` (gradients combined with Adasum; a
+            power-of-two number of ranks).
         backward_passes_per_step: accumulate gradients locally over this many ``apply`` calls
             and communicate once.
         average_aggregated_gradients: divide the accumulated gradients by
@@ -147,7 +148,7 @@ def DistributedOptimizer(optimizer, name=None, device_dense='', device_sparse=''
                          f"{type(optimizer).__name__}")
     if isinstance(optimizer, _DistributedOptimizer):
         raise ValueError("optimizer is already a DistributedOptimizer")
-    groups = check_args(op, gradient_predivide_factor, num_groups, groups)
+    groups = check_args(op, gradient_predivide_factor, num_groups, groups, process_set)
     passes = int(backward_passes_per_step)
     if passes < 1:
         raise ValueError("backward_passes_per_step must be > 0")

@@ -45,7 +45,6 @@ from ..common._native import (BFLOAT16, BOOL, FLOAT16, FLOAT32, FLOAT64, INT8, I
                               OP_BROADCAST, OP_JOIN, OP_REDUCESCATTER, UINT8)
 from ..common._ops import Adasum, Average, Sum
 from ..common._outputs import wait_output_into
-from ..common.gradients import ADASUM_UNSUPPORTED
 from ..common.process_sets import global_process_set, process_set_id
 
 _CODES = {tf.uint8: UINT8, tf.int8: INT8, tf.int16: INT16, tf.int32: INT32, tf.int64: INT64,
@@ -91,11 +90,8 @@ def dtype_code(dtype):
 
 
 def reduce_op(op, average=None, default=Average):
-    """Horovod's ``op=`` / deprecated ``average=`` rules; Adasum is not supported yet."""
-    op = _ops.resolve_reduce_op(op, average, default)
-    if op == Adasum:
-        raise NotImplementedError(ADASUM_UNSUPPORTED)
-    return op
+    """Horovod's ``op=`` / deprecated ``average=`` rules."""
+    return _ops.resolve_reduce_op(op, average, default)
 
 
 def scatter_op(op):

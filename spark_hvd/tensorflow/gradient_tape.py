@@ -15,9 +15,9 @@ returned unchanged (as in Horovod).
 
 import tensorflow as tf
 
-from ..common.gradients import check_optimizer_args, form_groups, scale_factors
+from ..common.gradients import check_adasum_size, check_optimizer_args, form_groups, scale_factors
 from ..common.process_sets import global_process_set
-from .collectives import Adasum, Average, allreduce_list, member_count, reduce_op
+from .collectives import Average, allreduce_list, member_count
 from .compression import Compression
 from .differentiable import _sparse_allreduce
 
@@ -38,12 +38,11 @@ def dense_for_accumulation(grad, sparse_as_dense):
     return grad
 
 
-def check_args(op, gradient_predivide_factor, num_groups, groups):
-    """Horovod's argument rules; returns ``groups``. Adasum is not supported yet."""
+def check_args(op, gradient_predivide_factor, num_groups, groups, process_set):
+    """Horovod's argument rules; returns ``groups``."""
     groups = check_optimizer_args(op, gradient_predivide_factor, num_groups, groups,
                                   is_tensor=_is_variable_or_tensor)
-    if op == Adasum:
-        reduce_op(op)  # raises NotImplementedError with the explanation
+    check_adasum_size(op, member_count(process_set))
     return groups
 
 
@@ -134,7 +133,8 @@ def DistributedGradientTape(gradtape, device_dense='', device_sparse='',
         compression: ``Compression.none`` or ``Compression.fp16``.
         sparse_as_dense: densify ``tf.IndexedSlices`` gradients before the allreduce
             (otherwise their values and indices are allgathered).
-        op: ``Average`` (default) or ``Sum``; ``Adasum`` raises NotImplementedError.
+        op: ``Average`` (default), ``Sum`` or ``Adasum`` (the gradients are combined with
+            Adasum: a power-of-two number of ranks; do not scale the learning rate by size).
         gradient_predivide_factor: with op=Average, gradients are divided by this factor
             before the sum and by ``size / factor`` after.
         num_groups: deprecated spelling of ``groups=<int>``.
@@ -145,7 +145,7 @@ def DistributedGradientTape(gradtape, device_dense='', device_sparse='',
     ``device_dense``, ``device_sparse`` and ``scale_local_gradients`` are accepted for Horovod
     compatibility. The result is an instance of a subclass of the tape's class.
     """
-    groups = check_args(op, gradient_predivide_factor, num_groups, groups)
+    groups = check_args(op, gradient_predivide_factor, num_groups, groups, process_set)
     base = type(gradtape)
     if isinstance(gradtape, _DistributedGradientTape):
         raise ValueError("gradtape is already a DistributedGradientTape")

@@ -172,7 +172,8 @@ def DistributedOptimizer(optimizer, name=None, use_locking=False, device_dense='
         sparse_as_dense: densify ``tf.IndexedSlices`` gradients before reducing them.
         backward_passes_per_step: accumulate gradients locally over this many passes, then
             allreduce and apply once (a TF1 optimizer's global step still counts every pass).
-        op: ``Average`` (default) or ``Sum``; ``Adasum`` raises NotImplementedError.
+        op: ``Average`` (default), ``Sum`` or ``Adasum`` (gradients combined with Adasum; a
+            power-of-two number of ranks).
         gradient_predivide_factor: with op=Average, divide by this factor before the sum and
             by ``size / factor`` after.
         average_aggregated_gradients: divide the accumulated gradients by
@@ -195,7 +196,7 @@ def DistributedOptimizer(optimizer, name=None, use_locking=False, device_dense='
     if not isinstance(optimizer, _LegacyOptimizer):
         raise ValueError(f"DistributedOptimizer wraps a Keras optimizer or a "
                          f"tf.compat.v1.train.Optimizer, got {type(optimizer).__name__}")
-    groups = check_args(op, gradient_predivide_factor, num_groups, groups)
+    groups = check_args(op, gradient_predivide_factor, num_groups, groups, process_set)
     if int(backward_passes_per_step) < 1:
         raise ValueError(f"backward_passes_per_step must be >= 1, got {backward_passes_per_step}")
     allreducer = GradientAllreducer(compression, sparse_as_dense, op, gradient_predivide_factor,

@@ -27,7 +27,6 @@ from ..common._native import (BFLOAT16, BOOL, FLOAT16, FLOAT32, FLOAT64, INT8, I
                               OP_BROADCAST, OP_JOIN, OP_REDUCESCATTER, UINT8)
 from ..common._ops import Adasum, Average, Sum
 from ..common._outputs import wait_output_into
-from ..common.gradients import ADASUM_UNSUPPORTED
 from ..common.process_sets import global_process_set, process_set_id
 
 _DTYPES = {torch.uint8: UINT8, torch.int8: INT8, torch.int16: INT16, torch.int32: INT32,
@@ -94,10 +93,7 @@ def _auto_name(kind, name, set_id):
 
 
 def _reduce_op(op, average, default=Average):
-    op = _ops.resolve_reduce_op(op, average, default)
-    if op == Adasum:
-        raise NotImplementedError(ADASUM_UNSUPPORTED)
-    return op
+    return _ops.resolve_reduce_op(op, average, default)
 
 
 def _enqueue(records):

@@ -23,7 +23,7 @@ from contextlib import contextmanager
 import torch
 
 from ..common import _config
-from ..common.gradients import (ADASUM_UNSUPPORTED, check_optimizer_args, form_groups,
+from ..common.gradients import (check_adasum_size, check_optimizer_args, form_groups,
                                 named_parameters_of, scale_factors)
 from ..common.process_sets import global_process_set
 from .collectives import (Adasum, Average, _allreduce_batch_async_, allreduce_async_,
@@ -41,6 +41,7 @@ _ZERO_GRAD_ERROR = ("optimizer.zero_grad() was called after loss.backward() but 
 _TOO_MANY_PASSES = ("Gradients were computed more than backward_passes_per_step times before "
                     "call to step(). Increase backward_passes_per_step to accumulate gradients "
                     "locally.")
+_ADASUM_SKIP = "Skipping synchronization is not supported when using Adasum optimizer."
 
 # Names of the gradient allreduces must be unique among concurrently running ops: the n-th
 # DistributedOptimizer a process creates prefixes them with its number (ranks create their
@@ -92,6 +93,10 @@ class _DistributedOptimizer:
         self._synchronized = False
         self._should_synchronize = True
         self._included = process_set.included()
+        # op=Adasum over several ranks combines each rank's optimizer step, not its gradient
+        # (Horovod's delta optimizer): param -> its value before this step's local update.
+        self._adasum = op == Adasum and process_set.size() > 1 and self._included
+        self._adasum_start = {}
         active = self._included and (process_set.size() > 1 or _config.env_flag("ELASTIC"))
         if active:
             self._register_hooks()
@@ -132,6 +137,9 @@ class _DistributedOptimizer:
             self._pending += 1
             self._allreduce_delay[p] -= 1
             if self._allreduce_delay[p] > 0:
+                return
+            if self._adasum:
+                self._handles[p] = self._adasum_delta_async(p)
                 return
             group = self._p_to_group.get(p)
             if group is None:
@@ -175,6 +183,31 @@ class _DistributedOptimizer:
                                   postscale_factor=post, process_set=self.process_set)
         return handle, (ctx, compressed)
 
+    def _adasum_delta_async(self, p):
+        """Takes the wrapped optimizer's step for ``p`` alone, now, and starts the Adasum of
+        the change it made; ``step()`` sets ``p`` to its old value plus the combined change.
+        The update is computed while the rest of backward runs, as in Horovod."""
+        self._ensure_grad(p)  # no gradient here: zeros (momentum or decay may still move p)
+        start = self._adasum_start.get(p)
+        if start is None:
+            start = self._adasum_start[p] = torch.empty_like(p, requires_grad=False)
+        with torch.no_grad():
+            start.copy_(p)
+        stashed = [group["params"] for group in self.param_groups]
+        for group in self.param_groups:
+            group["params"] = [p] if any(q is p for q in group["params"]) else []
+        try:
+            super().step()
+        finally:
+            for group, params in zip(self.param_groups, stashed):
+                group["params"] = params
+        with torch.no_grad():
+            p.sub_(start)
+        compressed, ctx = self._compression.compress(p.data)
+        handle = allreduce_async_(compressed, name=self._parameter_names[p], op=Adasum,
+                                  process_set=self.process_set)
+        return handle, (ctx, compressed)
+
     def _grouped_allreduce_grad_async(self, group):
         tensors, ctxs = [], []
         for p in group:
@@ -216,9 +249,15 @@ class _DistributedOptimizer:
                                              self.op, pre, post, self.process_set)
             self._handles[tuple(dense)] = (handle, ctxs)
 
-    def _set_grad(self, p, output, ctx):
+    def _store_result(self, p, output, ctx):
+        """Writes a finished allreduce back: into the gradient, or with Adasum the parameter
+        (its start plus the combined update)."""
         if ctx is not None:
             output = self._compression.decompress(output, ctx[0])
+        if self._adasum:
+            with torch.no_grad():
+                torch.add(self._adasum_start[p], output, out=p.data)
+            return
         grad = p.grad
         if grad.is_sparse:
             p.grad = output if output.is_sparse else output.to_sparse(grad.sparse_dim())
@@ -235,7 +274,15 @@ class _DistributedOptimizer:
         """Waits until every gradient has been averaged across ranks and written into
         ``p.grad``. Gradients whose allreduce has not started (parameters that received no
         gradient on this rank, partially filled groups) are submitted now, zeros where there
-        is no gradient, so ranks never wait on each other forever."""
+        is no gradient, so ranks never wait on each other forever.
+
+        With op=Adasum, as in Horovod, this does nothing: ``step()`` applies the combined
+        updates."""
+        if self._adasum:
+            return
+        self._synchronize()
+
+    def _synchronize(self):
         if not self._included:
             self._synchronized = True
             return
@@ -246,7 +293,9 @@ class _DistributedOptimizer:
             if p in started:
                 continue
             group = self._p_to_group.get(p)
-            if group is None:
+            if self._adasum:
+                self._handles[p] = self._adasum_delta_async(p)
+            elif group is None:
                 self._ready.append(p)
             else:
                 self._handles[group] = self._grouped_allreduce_grad_async(group)
@@ -259,9 +308,9 @@ class _DistributedOptimizer:
                 output = synchronize(handle)
                 if isinstance(key, tuple):
                     for gp, out, gctx in zip(key, output, ctx):
-                        self._set_grad(gp, out, gctx)
+                        self._store_result(gp, out, gctx)
                 else:
-                    self._set_grad(key, output, ctx)
+                    self._store_result(key, output, ctx)
             except Exception as e:  # noqa: BLE001 - re-raised below
                 error = error or e
         self._handles.clear()
@@ -285,6 +334,8 @@ class _DistributedOptimizer:
             with optimizer.skip_synchronize():
                 optimizer.step()
         """
+        if self._adasum:
+            raise AssertionError(_ADASUM_SKIP)
         self._should_synchronize = False
         try:
             yield
@@ -293,7 +344,13 @@ class _DistributedOptimizer:
 
     def step(self, closure=None):
         """Averages the gradients (unless inside ``skip_synchronize()``), then performs the
-        wrapped optimizer's step."""
+        wrapped optimizer's step. With op=Adasum each parameter took its step during backward:
+        this sets the parameters to the Adasum-combined steps of all ranks."""
+        if self._adasum:
+            loss = closure() if closure is not None else None
+            self._synchronize()
+            self._synchronized = False
+            return loss
         if self._should_synchronize:
             if self._synchronized:
                 warnings.warn(_STEP_WARNING)
@@ -350,7 +407,11 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
         compression: ``Compression.none`` or ``Compression.fp16`` (gradients sent as fp16).
         backward_passes_per_step: gradients are accumulated locally over this many
             ``backward()`` calls and allreduced once (call ``step()`` after them).
-        op: ``Average`` (default) or ``Sum``; ``Adasum`` raises NotImplementedError.
+        op: ``Average`` (default), ``Sum`` or ``Adasum``. With Adasum (a power-of-two
+            number of ranks) each rank applies the wrapped optimizer to its own gradients
+            during backward and ``step()`` combines the resulting updates with Adasum
+            (Horovod's delta optimizer; do not scale the learning rate by the number of
+            ranks; ``groups`` are not used and ``synchronize()`` does nothing).
         gradient_predivide_factor: with op=Average, gradients are divided by this factor
             before the sum and by ``size / factor`` after.
         num_groups: deprecated spelling of ``groups=<int>``.
@@ -372,8 +433,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
                                   is_tensor=lambda t: isinstance(t, torch.Tensor))
     if process_set is None:
         process_set = global_process_set
-    if op == Adasum and process_set.size() > 1:
-        raise NotImplementedError(ADASUM_UNSUPPORTED)
+    check_adasum_size(op, process_set.size())
     cls = _distributed_class(type(optimizer))
     dist = cls.__new__(cls)
     # Share everything but per-instance wrappers of the original's methods (an LR scheduler

@@ -189,3 +189,23 @@ def deny_process_vm_readv() -> None:
     if libc.prctl(pr_set_no_new_privs, 1, 0, 0, 0) != 0 or \
             libc.prctl(pr_set_seccomp, seccomp_mode_filter, ctypes.byref(prog), 0, 0) != 0:
         raise OSError(ctypes.get_errno(), "cannot install the seccomp filter")
+
+
+def ref_adasum(inputs):
+    """Adasum of one tensor over the members (a power of two), combined pairwise as a binary
+    tree like the core: (1 - a.b/2|a|^2) a + (1 - a.b/2|b|^2) b, coefficient 1 for a vector
+    whose squared norm is below 1e-8, rounded to the dtype after every level."""
+    dtype = inputs[0].dtype
+    vs = [x.astype(np.float64).ravel() for x in inputs]
+    level = 1
+    while level < len(vs):
+        nxt = list(vs)
+        for r in range(len(vs)):
+            a, b = vs[r & ~level], vs[r | level]
+            dot, an, bn = float(a @ b), float(a @ a), float(b @ b)
+            ac = 1.0 - dot / an * 0.5 if an >= 1e-8 else 1.0
+            bc = 1.0 - dot / bn * 0.5 if bn >= 1e-8 else 1.0
+            nxt[r] = (ac * a + bc * b).astype(dtype).astype(np.float64)
+        vs = nxt
+        level <<= 1
+    return vs[0].astype(dtype).reshape(inputs[0].shape)

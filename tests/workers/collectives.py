@@ -15,7 +15,7 @@ import numpy as np
 
 import spark_hvd.numpy as hvd
 from _wutil import (ALL_DTYPES, Checks, close, deny_process_vm_readv, describe_diff, digest,
-                    make_input, tolerance)
+                    make_input, ref_adasum, tolerance)
 
 SHAPES = [(0,), (1,), (7,), (3, 5), (2, 3, 4), (1031,), (33, 1025)]
 # Subsets run every op and dtype too, on fewer shapes (their ranks wait for each other).
@@ -219,6 +219,48 @@ class Suite:
                 self.submit(tag, hvd.grouped_allreduce, hvd.grouped_allreduce_async, (mine,),
                             dict(name=tag, op=REDUCE_OPS[opname], process_set=self.ps), done,
                             self.variant(2))
+        self.drain()
+
+    def adasum(self):
+        """op=Adasum against a float64 reference, single and grouped (each tensor combined
+        with its own coefficients), a zero tensor, prescale/postscale; integer tensors and a
+        set whose size is not a power of two are refused on every member."""
+        c, ps = self.c, self.ps
+        tag = self.name("adasum", "int32")
+        c.raises(tag, ValueError, hvd.allreduce, np.ones(3, np.int32), name=tag, op=hvd.Adasum,
+                 process_set=ps, match=("Adasum", "floating-point", "int32"))
+        if self.n & (self.n - 1):
+            tag = self.name("adasum", "not_pow2")
+            c.raises(tag, ValueError, hvd.allreduce, np.ones(3, np.float32), name=tag,
+                     op=hvd.Adasum, process_set=ps, match=("power-of-two", str(self.n)))
+            return
+        for dtype in (np.float16, np.float32, np.float64):
+            rtol, atol = (1e-2, 1e-2) if dtype == np.float16 else (1e-5, 1e-6)
+            for shape in self.shapes:
+                tag = self.name("adasum", dname(dtype), shape)
+                xs = self.inputs(lambda i: shape, dtype, tag)
+                self.submit(tag, hvd.allreduce, hvd.allreduce_async, (xs[self.me],),
+                            dict(name=tag, op=hvd.Adasum, process_set=ps),
+                            lambda res, tag=tag, want=ref_adasum(xs), rtol=rtol, atol=atol:
+                            self.expect(tag, res, want, rtol, atol), self.variant(2))
+            shapes = [(7,), (0,), (33, 5), (1,)]
+            tag = self.name("adasum", "grouped", dname(dtype))
+            xss = [self.inputs(lambda i, s=s: s, dtype, f"{tag}/{k}") for k, s in enumerate(shapes)]
+            xss[3] = [np.zeros(1, dtype) for _ in self.members]  # norm 0: coefficient 1
+            wants = [ref_adasum(xs) for xs in xss]
+
+            def done(got, tag=tag, wants=wants, rtol=rtol, atol=atol):
+                for k, (g, w) in enumerate(zip(got, wants)):
+                    self.expect(f"{tag}[{k}]", g, w, rtol, atol)
+            self.submit(tag, hvd.grouped_allreduce, hvd.grouped_allreduce_async,
+                        ([xs[self.me] for xs in xss],), dict(name=tag, op=hvd.Adasum,
+                                                             process_set=ps), done, 1)
+        tag = self.name("adasum", "scaled")
+        xs = self.inputs(lambda i: (9,), np.float64, tag)
+        want = ref_adasum([x * 0.5 for x in xs]) * 3.0
+        self.expect(tag, c.run(tag, hvd.allreduce, xs[self.me], name=tag, op=hvd.Adasum,
+                               prescale_factor=0.5, postscale_factor=3.0, process_set=ps),
+                    want, 1e-12, 1e-12)
         self.drain()
 
     # -- allgather ------------------------------------------------------------------------
@@ -454,7 +496,7 @@ class Suite:
                                          f"{len(diff)} of {k} results (first case #{diff[:1]})")
 
 
-SUITES = ("allreduce", "allreduce_average_default", "grouped_allreduce", "allgather",
+SUITES = ("allreduce", "allreduce_average_default", "grouped_allreduce", "adasum", "allgather",
           "broadcast", "alltoall", "reducescatter", "barrier")
 
 

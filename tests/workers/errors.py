@@ -155,8 +155,8 @@ def main():
                  name=f"bad_root_{root}", match=[f"root rank {root}", f"bad_root_{root}"])
     still_works("invalid_root")
 
-    c.raises("adasum", ValueError, hvd.allreduce, x, name="adasum", op=hvd.Adasum,
-             match=["Adasum"])
+    c.raises("adasum int", ValueError, hvd.allreduce, np.ones(3, np.int32), name="adasum",
+             op=hvd.Adasum, match=["Adasum", "floating-point", "int32"])
     c.raises("unknown op", ValueError, hvd.allreduce, x, name="bad_op_code", op=42)
     c.raises("reducescatter Max", ValueError, hvd.reducescatter, np.ones((size, 2)),
              op=hvd.Max, name="rs_max", match=["Sum", "Average"])

@@ -21,7 +21,7 @@ tf.config.threading.set_intra_op_parallelism_threads(1)
 tf.config.threading.set_inter_op_parallelism_threads(1)
 
 import spark_hvd.tensorflow as hvd  # noqa: E402
-from _wutil import Checks, make_input  # noqa: E402
+from _wutil import Checks, make_input, ref_adasum  # noqa: E402
 
 DTYPES = [tf.uint8, tf.int8, tf.int16, tf.int32, tf.int64, tf.float16, tf.bfloat16, tf.float32,
           tf.float64, tf.bool]
@@ -447,7 +447,15 @@ def errors(c, n, rank, outsider):
     c.raises("errors/dtype_unsupported", ValueError, hvd.allreduce,
              tf.ones([2], tf.uint32), match="not supported")
     c.raises("errors/string", ValueError, hvd.allgather, tf.constant(["a"]))
-    c.raises("errors/adasum", NotImplementedError, hvd.allreduce, tf.ones([2]), op=hvd.Adasum)
+    if n & (n - 1):
+        c.raises("errors/adasum", ValueError, hvd.allreduce, tf.ones([2]), op=hvd.Adasum,
+                 match="power-of-two")
+    else:
+        want = ref_adasum([np.array([r + 1.0, 1.0, -0.5 * r]) for r in range(n)])
+        got = c.run("adasum", hvd.allreduce, tf.constant([rank + 1.0, 1.0, -0.5 * rank]),
+                    op=hvd.Adasum, name="adasum")
+        c.check(got is not None and np.allclose(got.numpy(), want, rtol=1e-6),
+                f"adasum: {got} vs {want}")
     c.raises("errors/op_and_average", ValueError, hvd.allreduce, tf.ones([2]), op=hvd.Sum,
              average=True, match="supersedes")
     c.raises("errors/reducescatter_min", ValueError, hvd.reducescatter, tf.ones([2]),

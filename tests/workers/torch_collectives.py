@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 import spark_hvd.torch as hvd
-from _wutil import Checks, seed_of
+from _wutil import Checks, ref_adasum, seed_of
 
 DTYPES = [torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.float16,
           torch.bfloat16, torch.float32, torch.float64, torch.bool]
@@ -572,8 +572,15 @@ def errors(c, n, rank, only_me_set):
              match="divisible")
     c.raises("reducescatter op", ValueError, hvd.reducescatter, torch.ones(4), op=hvd.Max,
              match="Average")
-    c.raises("Adasum", NotImplementedError, hvd.allreduce, torch.ones(2), op=hvd.Adasum,
-             match="Adasum")
+    if n & (n - 1):
+        c.raises("Adasum", ValueError, hvd.allreduce, torch.ones(2), op=hvd.Adasum,
+                 match="power-of-two")
+    else:
+        mine = torch.tensor([rank + 1.0, 1.0, -0.5 * rank])
+        want = ref_adasum([np.array([r + 1.0, 1.0, -0.5 * r]) for r in range(n)])
+        got = c.run("Adasum", hvd.allreduce, mine, op=hvd.Adasum, name="e.adasum")
+        c.check(got is not None and np.allclose(got.double().numpy(), want, rtol=1e-6),
+                f"Adasum: {got} vs {want}")
     c.raises("op and average", ValueError, hvd.allreduce, torch.ones(2), average=True,
              op=hvd.Sum, match="op")
     c.raises("complex dtype", ValueError, hvd.allreduce, torch.ones(2, dtype=torch.complex64),

@@ -18,7 +18,7 @@ import warnings
 import torch
 
 import spark_hvd.torch as hvd
-from _wutil import Checks, seed_of
+from _wutil import Checks, ref_adasum, seed_of
 
 
 def data(rank, shape, tag):
@@ -130,6 +130,42 @@ def optimizer_math(c, n, rank):
     run("backward_passes_per_step", {"backward_passes_per_step": 2}, mean, passes=("d", "e"))
 
 
+def adasum_optimizer(c, n, rank):
+    """op=Adasum (Horovod's delta optimizer): each rank takes its optimizer's step on its own
+    gradient during backward, and step() sets the weights to where they started plus the
+    Adasum of every rank's step. Checked against a simulation of every rank's optimizer over
+    three steps (momentum: the ranks' local states diverge while the weights stay equal)."""
+    if n & (n - 1):
+        return  # refused: see optimizer_behaviour
+    import numpy as np
+    model = mlp()
+    sims = [copy.deepcopy(model) for _ in range(n)]
+    sim_opts = [torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9) for m in sims]
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
+                                   named_parameters=model.named_parameters(), op=hvd.Adasum)
+    c.raises("Adasum skip_synchronize", AssertionError, opt.skip_synchronize().__enter__,
+             match="Adasum")
+    for step in range(3):
+        start = {k: v.clone() for k, v in model.state_dict().items()}
+        deltas = []
+        for r, (m, o) in enumerate(zip(sims, sim_opts)):
+            m.load_state_dict(start)
+            o.zero_grad()
+            loss_of(m, r, f"s{step}").backward()
+            o.step()
+            deltas.append({k: (v - start[k]).numpy() for k, v in m.state_dict().items()})
+        want = {k: start[k].numpy() + ref_adasum([d[k] for d in deltas]) for k in start}
+        opt.zero_grad()
+        loss_of(model, rank, f"s{step}").backward()
+        opt.synchronize()  # no-op with Adasum (Horovod): step() applies the combined updates
+        opt.step()
+        for k, v in model.state_dict().items():
+            err = float(np.abs(v.numpy() - want[k]).max())
+            c.check(err < 1e-12, f"Adasum step {step}: {k} off by {err}")
+        same_everywhere(c, f"Adasum step {step}: weights", dict(model.state_dict()))
+    opt.zero_grad()
+
+
 def optimizer_behaviour(c, n, rank):
     # explicit groups by parameter
     model = mlp()
@@ -199,8 +235,9 @@ def optimizer_behaviour(c, n, rank):
              named_parameters=[("a", p) for p in m.parameters()], match="duplicates: a")
     c.raises("unnamed parameter", ValueError, hvd.DistributedOptimizer, sgd(),
              named_parameters=list(m.named_parameters())[1:], match="not named")
-    c.raises("Adasum", NotImplementedError, hvd.DistributedOptimizer, sgd(), op=hvd.Adasum,
-             match="Adasum")
+    if n & (n - 1):
+        c.raises("Adasum", ValueError, hvd.DistributedOptimizer, sgd(), op=hvd.Adasum,
+                 match="power-of-two")
     c.raises("predivide with Sum", ValueError, hvd.DistributedOptimizer, sgd(), op=hvd.Sum,
              gradient_predivide_factor=2.0, match="gradient_predivide_factor")
     c.raises("groups=-1", ValueError, hvd.DistributedOptimizer, sgd(), groups=-1,
@@ -542,7 +579,8 @@ def main():
     hvd.init(process_sets=sets)
     rank, n = hvd.rank(), hvd.size()
     c = Checks(rank)
-    for fn, args in ((optimizer_math, ()), (optimizer_behaviour, ()), (unused_parameters, ()),
+    for fn, args in ((optimizer_math, ()), (adasum_optimizer, ()), (optimizer_behaviour, ()),
+                     (unused_parameters, ()),
                      (dynamic_requires_grad, ()), (sparse_gradients, ()),
                      (process_set_optimizers, (sets,)), (broadcasts, ()), (optimizer_state, ()),
                      (sync_batch_norm, ()), (model_parallel, ())):
