@@ -22,7 +22,7 @@
 import tensorflow as tf
 
 from ..common.process_sets import global_process_set
-from .collectives import Average
+from .collectives import Adasum, Average, member_count
 from .compression import Compression
 from .functions import broadcast_variables
 from .gradient_tape import GradientAllreducer, check_args, dense_for_accumulation
@@ -149,6 +149,34 @@ class _LegacyDistributedOptimizer(_LegacyOptimizer):
         """Calls the wrapped optimizer's ``variables``."""
         return self._optimizer.variables(*args, **kwargs)
 
+class _LegacyAdasumOptimizer(_LegacyDistributedOptimizer):
+    """op=Adasum for a ``tf.compat.v1`` optimizer (Horovod's TF1 Adasum optimizer): every
+    rank applies its own gradients with the wrapped optimizer, the ranks combine the changes
+    this made to the variables with Adasum, and each variable becomes its value before the
+    step plus the combined change."""
+
+    def compute_gradients(self, *args, **kwargs):
+        """The wrapped optimizer's own gradients (this rank's)."""
+        return self._optimizer.compute_gradients(*args, **kwargs)
+
+    def apply_gradients(self, grads_and_vars, global_step=None, name=None):
+        """Applies this rank's gradients, then sets the variables to their starting values
+        plus the Adasum of every rank's change."""
+        grads_and_vars = [(g, v) for g, v in grads_and_vars if g is not None]
+        variables = [v for _, v in grads_and_vars]
+        starts = [tf.compat.v1.Variable(
+            tf.zeros(v.shape, v.dtype.base_dtype), trainable=False,
+            collections=[tf.compat.v1.GraphKeys.LOCAL_VARIABLES],
+            name=v.op.name.replace("/", "_") + "_adasum_start") for v in variables]
+        with tf.control_dependencies([s.assign(v) for s, v in zip(starts, variables)]):
+            applied = self._optimizer.apply_gradients(grads_and_vars, global_step=global_step,
+                                                      name=name)
+        with tf.control_dependencies([applied]):
+            deltas = [tf.identity(v) - s for v, s in zip(variables, starts)]
+        combined = self._allreducer(deltas, variables)
+        return tf.group(*[v.assign(s + c) for v, s, c in zip(variables, starts, combined)])
+
+
 def _is_keras_optimizer(optimizer):
     try:
         import keras
@@ -172,8 +200,9 @@ def DistributedOptimizer(optimizer, name=None, use_locking=False, device_dense='
         sparse_as_dense: densify ``tf.IndexedSlices`` gradients before reducing them.
         backward_passes_per_step: accumulate gradients locally over this many passes, then
             allreduce and apply once (a TF1 optimizer's global step still counts every pass).
-        op: ``Average`` (default), ``Sum`` or ``Adasum`` (gradients combined with Adasum; a
-            power-of-two number of ranks).
+        op: ``Average`` (default), ``Sum`` or ``Adasum`` (a power-of-two number of ranks:
+            Keras optimizers combine the gradients with Adasum; a TF1 optimizer applies each
+            rank's gradients and combines the resulting changes, as in Horovod).
         gradient_predivide_factor: with op=Average, divide by this factor before the sum and
             by ``size / factor`` after.
         average_aggregated_gradients: divide the accumulated gradients by
@@ -201,6 +230,11 @@ def DistributedOptimizer(optimizer, name=None, use_locking=False, device_dense='
         raise ValueError(f"backward_passes_per_step must be >= 1, got {backward_passes_per_step}")
     allreducer = GradientAllreducer(compression, sparse_as_dense, op, gradient_predivide_factor,
                                     groups, process_set, name=None)
+    if op == Adasum and member_count(process_set) > 1:
+        if int(backward_passes_per_step) > 1:
+            raise ValueError("op=Adasum with a tf.compat.v1 optimizer supports "
+                             "backward_passes_per_step=1 only")
+        return _LegacyAdasumOptimizer(optimizer, name, use_locking, allreducer)
     accumulator = None
     if backward_passes_per_step > 1:
         accumulator = _PassAccumulator(int(backward_passes_per_step),

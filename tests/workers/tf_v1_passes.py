@@ -1,8 +1,9 @@
-"""backward_passes_per_step with a tf.compat.v1 optimizer in a graph session (the TF1 recipe:
-MonitoredTrainingSession, BroadcastGlobalVariablesHook, global step): the weights change only
+"""tf.compat.v1 optimizers in a graph session (the TF1 recipe: MonitoredTrainingSession,
+BroadcastGlobalVariablesHook, global step). backward_passes_per_step: the weights change only
 on every N-th pass, by the rank-averaged sum of the passes' gradients (divided by N with
 average_aggregated_gradients), the global step counts every pass, and an Adam (slots created
-inside the conditional apply) keeps the ranks' weights identical.
+inside the conditional apply) keeps the ranks' weights identical. op=Adasum: every rank applies
+its own gradients (momentum), the weights become their start plus the Adasum of the changes.
 
 Usage: tf_v1_passes.py
 """
@@ -15,7 +16,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import spark_hvd.tensorflow as hvd  # noqa: E402
-from _wutil import Checks  # noqa: E402
+from _wutil import Checks, ref_adasum  # noqa: E402
 
 v1 = tf.compat.v1
 
@@ -45,6 +46,32 @@ def train(c, n, rank, passes, average, make_optimizer, steps):
     return weights
 
 
+def adasum(c, n, rank, steps=3):
+    """op=Adasum against a NumPy simulation of every rank's MomentumOptimizer."""
+    graph = tf.Graph()
+    with graph.as_default():
+        x = v1.placeholder(tf.float64, [3])
+        w = v1.get_variable("w", initializer=np.full(3, 0.5))
+        opt = hvd.DistributedOptimizer(v1.train.MomentumOptimizer(0.1, 0.9), op=hvd.Adasum)
+        step = v1.train.get_or_create_global_step()
+        train_op = opt.minimize(tf.reduce_sum(w * w * x), global_step=step)
+        with v1.train.MonitoredTrainingSession(hooks=[hvd.BroadcastGlobalVariablesHook(0)],
+                                               log_step_count_steps=None) as sess:
+            want, accum = np.full(3, 0.5), [np.zeros(3) for _ in range(n)]
+            for s in range(steps):
+                sess.run(train_op, {x: pass_input(rank, s)})
+                deltas = []
+                lr, momentum = float(np.float32(0.1)), float(np.float32(0.9))  # TF's casts
+                for r in range(n):  # accum = momentum accum + grad; w -= lr accum
+                    accum[r] = momentum * accum[r] + 2 * want * pass_input(r, s)
+                    deltas.append(-lr * accum[r])
+                want = want + ref_adasum(deltas)
+                got = sess.run(w)
+                c.check(np.allclose(got, want, rtol=1e-10, atol=1e-12),
+                        f"adasum after step {s + 1}: {got} != {want}")
+            c.check(int(sess.run(step)) == steps, "adasum: global step")
+
+
 def main():
     v1.disable_eager_execution()
     hvd.init()
@@ -66,6 +93,7 @@ def main():
     c.check(np.array_equal(adam[0], np.full(3, 0.5, np.float32)) and
             not np.array_equal(adam[1], adam[0]) and np.array_equal(adam[2], adam[1]),
             f"adam applies on every second pass only: {adam}")
+    c.run("adasum", adasum, c, n, rank)
     c.finish(adam=",".join(f"{v:.7f}" for v in adam[-1]))
 
 
