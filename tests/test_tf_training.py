@@ -20,10 +20,11 @@ def test_tf_training(job, tmp_path):
 
 
 @pytest.mark.timeout(120)
-def test_tf_v1_backward_passes(job):
-    """TF1 DistributedOptimizer(backward_passes_per_step=N) in a MonitoredTrainingSession: the
+def test_tf_v1_optimizer_in_session(job):
+    """TF1 DistributedOptimizer in a MonitoredTrainingSession. backward_passes_per_step=N: the
     weights move every N-th pass by the averaged sum, the global step counts passes, and an
-    Adam ends with identical weights on both ranks."""
+    Adam ends with identical weights on both ranks. op=Adasum: the weights match a simulation
+    of every rank's momentum step combined with Adasum."""
     r = job(2, "tf_v1_passes", timeout=110, env=TF_ENV)
     r.assert_ok(2)
     assert r.field(0, "adam") == r.field(1, "adam")
