@@ -207,7 +207,7 @@ KernelFn select_kernel(DataType t, ReduceOp op) {
     }
   }
   if (op == ReduceOp::kAdasum) {
-    throw OpMismatchError("Adasum reduction is not supported by spark_hvd; use Average or Sum");
+    throw OpMismatchError("Adasum is not element-wise: it runs as allreduce_adasum");
   }
   throw OpMismatchError("unsupported reduction op code " + std::to_string(static_cast<int>(op)));
 }

@@ -26,7 +26,7 @@ constexpr int kNumDataTypes = 10;
 enum class ReduceOp : int32_t {
   kAverage = 0,  // Sum on the wire, divided by the set size afterwards.
   kSum = 1,
-  kAdasum = 2,   // Not implemented by the core: rejected at enqueue.
+  kAdasum = 2,   // Adasum: allreduce_adasum, not an element-wise kernel.
   kMin = 3,
   kMax = 4,
   kProduct = 5,

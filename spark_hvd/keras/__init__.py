@@ -58,7 +58,7 @@ def broadcast_global_variables(root_rank):
 def allreduce(value, name=None, average=None, prescale_factor=1.0, postscale_factor=1.0,
               op=None, compression=Compression.none):
     """Reduces a value (NumPy array, number or tensor) over the ranks; returns a tensor.
-    ``op``: Average (default), Sum, Min, Max or Product."""
+    ``op``: Average (default), Sum, Min, Max, Product or Adasum."""
     return _tf_ops.allreduce(tf.convert_to_tensor(value), average=average, name=name, op=op,
                              prescale_factor=prescale_factor,
                              postscale_factor=postscale_factor, compression=compression)

@@ -243,7 +243,7 @@ def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.
                     postscale_factor=1.0, process_set=global_process_set):
     """Starts reducing ``tensor`` over the ranks of ``process_set``; the input is not modified.
 
-    ``op`` is Average (default), Sum, Min, Max or Product (``average`` is its deprecated
+    ``op`` is Average (default), Sum, Min, Max, Product or Adasum (``average`` is its deprecated
     boolean spelling); ``prescale_factor`` / ``postscale_factor`` multiply the tensor before /
     after the reduction. Ranks must issue the same ``name`` (or their unnamed ops in the same
     order) with the same shape and dtype. ``synchronize(handle)`` returns a new tensor.

@@ -93,11 +93,11 @@ class _DistributedOptimizer:
         self._synchronized = False
         self._should_synchronize = True
         self._included = process_set.included()
-        # op=Adasum over several ranks combines each rank's optimizer step, not its gradient
-        # (Horovod's delta optimizer): param -> its value before this step's local update.
-        self._adasum = op == Adasum and process_set.size() > 1 and self._included
-        self._adasum_start = {}
         active = self._included and (process_set.size() > 1 or _config.env_flag("ELASTIC"))
+        # op=Adasum combines each rank's optimizer step, not its gradient (Horovod's delta
+        # optimizer) wherever hooks run: param -> its value before this step's local update.
+        self._adasum = op == Adasum and active
+        self._adasum_start = {}
         if active:
             self._register_hooks()
 
@@ -186,21 +186,23 @@ class _DistributedOptimizer:
     def _adasum_delta_async(self, p):
         """Takes the wrapped optimizer's step for ``p`` alone, now, and starts the Adasum of
         the change it made; ``step()`` sets ``p`` to its old value plus the combined change.
-        The update is computed while the rest of backward runs, as in Horovod."""
-        self._ensure_grad(p)  # no gradient here: zeros (momentum or decay may still move p)
+        The update is computed while the rest of backward runs, as in Horovod. A parameter
+        without a gradient on this rank is not stepped (as torch would skip it): its update
+        is zero."""
         start = self._adasum_start.get(p)
         if start is None:
             start = self._adasum_start[p] = torch.empty_like(p, requires_grad=False)
         with torch.no_grad():
             start.copy_(p)
-        stashed = [group["params"] for group in self.param_groups]
-        for group in self.param_groups:
-            group["params"] = [p] if any(q is p for q in group["params"]) else []
-        try:
-            super().step()
-        finally:
-            for group, params in zip(self.param_groups, stashed):
-                group["params"] = params
+        if p.grad is not None:
+            stashed = [group["params"] for group in self.param_groups]
+            for group in self.param_groups:
+                group["params"] = [p] if any(q is p for q in group["params"]) else []
+            try:
+                super().step()
+            finally:
+                for group, params in zip(self.param_groups, stashed):
+                    group["params"] = params
         with torch.no_grad():
             p.sub_(start)
         compressed, ctx = self._compression.compress(p.data)
@@ -313,6 +315,9 @@ class _DistributedOptimizer:
                     self._store_result(key, output, ctx)
             except Exception as e:  # noqa: BLE001 - re-raised below
                 error = error or e
+                if self._adasum:  # the parameter holds its update: put the weights back
+                    for p in key if isinstance(key, tuple) else (key,):
+                        self._restore_start(p)
         self._handles.clear()
         for p in self._requires_update:
             self._allreduce_delay[p] = self.backward_passes_per_step
@@ -322,6 +327,24 @@ class _DistributedOptimizer:
         self._synchronized = True
         if error is not None:
             raise error
+
+    def _restore_start(self, p):
+        with torch.no_grad():
+            p.copy_(self._adasum_start[p])
+
+    def _abandon_adasum_step(self):
+        """After a failed closure: waits for the updates in flight (their buffers are the
+        parameters) and puts every parameter back to where the step started."""
+        for key, (handle, _) in self._handles.items():
+            try:
+                synchronize(handle)
+            except Exception:  # noqa: BLE001 - the closure's error is the one to report
+                pass
+            self._restore_start(key)
+        self._handles.clear()
+        for p in self._requires_update:
+            self._allreduce_delay[p] = self.backward_passes_per_step
+        self._pending = 0
 
     @contextmanager
     def skip_synchronize(self):
@@ -347,7 +370,11 @@ class _DistributedOptimizer:
         wrapped optimizer's step. With op=Adasum each parameter took its step during backward:
         this sets the parameters to the Adasum-combined steps of all ranks."""
         if self._adasum:
-            loss = closure() if closure is not None else None
+            try:
+                loss = closure() if closure is not None else None
+            except BaseException:
+                self._abandon_adasum_step()
+                raise
             self._synchronize()
             self._synchronized = False
             return loss
@@ -411,7 +438,10 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
             number of ranks) each rank applies the wrapped optimizer to its own gradients
             during backward and ``step()`` combines the resulting updates with Adasum
             (Horovod's delta optimizer; do not scale the learning rate by the number of
-            ranks; ``groups`` are not used and ``synchronize()`` does nothing).
+            ranks; ``groups`` are not used and ``synchronize()`` does nothing). The local
+            update happens during backward, so clipping or unscaling gradients between
+            ``backward()`` and ``step()`` has no effect, and ``step()`` must follow every
+            backward (it also puts the parameters back from their updates).
         gradient_predivide_factor: with op=Average, gradients are divided by this factor
             before the sum and by ``size / factor`` after.
         num_groups: deprecated spelling of ``groups=<int>``.

@@ -581,6 +581,12 @@ def errors(c, n, rank, only_me_set):
         got = c.run("Adasum", hvd.allreduce, mine, op=hvd.Adasum, name="e.adasum")
         c.check(got is not None and np.allclose(got.double().numpy(), want, rtol=1e-6),
                 f"Adasum: {got} vs {want}")
+        # bfloat16 (no NumPy dtype): combined in float, rounded to bfloat16 at every level
+        got = c.run("Adasum bf16", hvd.allreduce, mine.bfloat16(), op=hvd.Adasum,
+                    name="e.adasum.bf16")
+        c.check(got is not None and got.dtype == torch.bfloat16 and
+                np.allclose(got.double().numpy(), want, rtol=2e-2, atol=1e-2),
+                f"Adasum bf16: {got} vs {want}")
     c.raises("op and average", ValueError, hvd.allreduce, torch.ones(2), average=True,
              op=hvd.Sum, match="op")
     c.raises("complex dtype", ValueError, hvd.allreduce, torch.ones(2, dtype=torch.complex64),

@@ -134,15 +134,20 @@ def adasum_optimizer(c, n, rank):
     """op=Adasum (Horovod's delta optimizer): each rank takes its optimizer's step on its own
     gradient during backward, and step() sets the weights to where they started plus the
     Adasum of every rank's step. Checked against a simulation of every rank's optimizer over
-    three steps (momentum: the ranks' local states diverge while the weights stay equal)."""
+    three steps (momentum: the ranks' local states diverge while the weights stay equal). A
+    parameter without gradients is not moved (weight decay would move it if it were
+    stepped); a closure that fails after backward leaves the weights where they were."""
     if n & (n - 1):
         return  # refused: see optimizer_behaviour
     import numpy as np
     model = mlp()
     sims = [copy.deepcopy(model) for _ in range(n)]
-    sim_opts = [torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9) for m in sims]
-    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
-                                   named_parameters=model.named_parameters(), op=hvd.Adasum)
+    sgd = dict(lr=0.1, momentum=0.9, weight_decay=0.1)
+    sim_opts = [torch.optim.SGD(m.parameters(), **sgd) for m in sims]
+    unused = torch.nn.Parameter(torch.ones(3, dtype=torch.float64))
+    opt = hvd.DistributedOptimizer(
+        torch.optim.SGD([{"params": model.parameters()}, {"params": [unused]}], **sgd),
+        named_parameters=[*model.named_parameters(), ("unused", unused)], op=hvd.Adasum)
     c.raises("Adasum skip_synchronize", AssertionError, opt.skip_synchronize().__enter__,
              match="Adasum")
     for step in range(3):
@@ -163,6 +168,21 @@ def adasum_optimizer(c, n, rank):
             err = float(np.abs(v.numpy() - want[k]).max())
             c.check(err < 1e-12, f"Adasum step {step}: {k} off by {err}")
         same_everywhere(c, f"Adasum step {step}: weights", dict(model.state_dict()))
+    c.check(torch.equal(unused.detach(), torch.ones(3, dtype=torch.float64)),
+            f"Adasum moved a parameter without gradients: {unused}")
+    opt.zero_grad()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+
+    def failing_closure():
+        loss_of(model, rank, "s9").backward()  # the local updates start here
+        raise RuntimeError("closure failed")
+    c.raises("Adasum closure error", RuntimeError, opt.step, failing_closure, match="closure")
+    c.check(all(torch.equal(v, before[k]) for k, v in model.state_dict().items()),
+            "Adasum: a failed closure left the weights moved")
+    opt.zero_grad()
+    loss_of(model, rank, "s9").backward()
+    c.run("Adasum step after a failed closure", opt.step)
+    same_everywhere(c, "Adasum weights after a failed closure", dict(model.state_dict()))
     opt.zero_grad()
 
 
