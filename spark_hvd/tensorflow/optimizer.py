@@ -171,10 +171,13 @@ class _LegacyAdasumOptimizer(_LegacyDistributedOptimizer):
         with tf.control_dependencies([s.assign(v) for s, v in zip(starts, variables)]):
             applied = self._optimizer.apply_gradients(grads_and_vars, global_step=global_step,
                                                       name=name)
+        # Every read is ordered after the update (and so after the starts were saved): a read
+        # outside these dependencies may run first and see the previous step's start.
         with tf.control_dependencies([applied]):
-            deltas = [tf.identity(v) - s for v, s in zip(variables, starts)]
+            saved = [tf.identity(s) for s in starts]
+            deltas = [tf.identity(v) - s for v, s in zip(variables, saved)]
         combined = self._allreducer(deltas, variables)
-        return tf.group(*[v.assign(s + c) for v, s, c in zip(variables, starts, combined)])
+        return tf.group(*[v.assign(s + c) for v, s, c in zip(variables, saved, combined)])
 
 
 def _is_keras_optimizer(optimizer):
