@@ -134,10 +134,10 @@ namespace {
 // Whether this process may read `peer`'s memory: reads its probe word through the kernel.
 bool may_read(const SharedMemoryGroup::Control& peer) {
   uint64_t got = 0;
-  iovec local{&got, sizeof got};
-  iovec remote{reinterpret_cast<void*>(uintptr_t(peer.id.probe_address)), sizeof got};
-  return process_vm_readv(pid_t(peer.id.thread), &local, 1, &remote, 1, 0) == ssize_t(sizeof got) &&
-         got == peer.id.probe_value;
+  std::vector<iovec> local{{&got, sizeof got}};
+  std::vector<iovec> remote{{reinterpret_cast<void*>(uintptr_t(peer.id.probe_address)),
+                             sizeof got}};
+  return read_process(pid_t(peer.id.thread), local, remote) == 0 && got == peer.id.probe_value;
 }
 }  // namespace
 

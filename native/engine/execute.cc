@@ -56,13 +56,15 @@ void Engine::run_allreduce(const Response& r, std::vector<Entry*>& entries,
     total += counts.back();
   }
   const double post = final_scale(r, comm.size);
-  // Reduces consecutive tensors in place (Adasum combines each tensor on its own).
-  auto reduce = [&](void* buf, const std::vector<size_t>& tensor_counts) {
+  // Reduces tensors [first, last) of the response, laid out back to back in `buf`, in place
+  // (Adasum combines each tensor on its own).
+  auto reduce = [&](void* buf, size_t first, size_t last) {
     size_t count = 0;
-    for (size_t c : tensor_counts) count += c;
+    for (size_t i = first; i < last; ++i) count += counts[i];
     if (r.prescale != 1.0) scale_buffer(buf, count, r.dtype, r.prescale);
     if (r.reduce_op == ReduceOp::kAdasum)
-      allreduce_adasum(comm, buf, tensor_counts, r.dtype, scratch_);
+      allreduce_adasum(comm, buf, {counts.begin() + first, counts.begin() + last}, r.dtype,
+                       scratch_);
     else
       allreduce(comm, buf, count, r.dtype, r.reduce_op, scratch_, options_.ring_threshold_bytes);
     if (post != 1.0) scale_buffer(buf, count, r.dtype, post);
@@ -81,8 +83,9 @@ void Engine::run_allreduce(const Response& r, std::vector<Entry*>& entries,
     for (size_t i = 0; i < entries.size(); ++i)
       segments.push_back({entries[i]->input, entries[i]->output, counts[i]});
     // Nested under ALLREDUCE, the timeline names which shared-memory path ran.
-    const char* how = comm.shm_group->single_copy(segments, r.dtype) ? "SHM_SINGLE_COPY_ALLREDUCE"
-                                                                     : "SHM_ALLREDUCE";
+    const char* how = !timeline_.active() ? ""
+                      : comm.shm_group->single_copy(segments, r.dtype) ? "SHM_SINGLE_COPY_ALLREDUCE"
+                                                                       : "SHM_ALLREDUCE";
     phase(timeline_, r.names, "ALLREDUCE", [&] {
       phase(timeline_, r.names, how, [&] {
         comm.shm_group->allreduce(comm, segments, r.dtype, r.reduce_op, post);
@@ -98,7 +101,7 @@ void Engine::run_allreduce(const Response& r, std::vector<Entry*>& entries,
         Entry* e = entries[i];
         if (!e) continue;
         if (e->output != e->input) std::memcpy(e->output, e->input, counts[i] * esize);
-        reduce(e->output, {counts[i]});
+        reduce(e->output, i, i + 1);
       }
     });
     return;
@@ -114,7 +117,7 @@ void Engine::run_allreduce(const Response& r, std::vector<Entry*>& entries,
       off += bytes;
     }
   });
-  phase(timeline_, r.names, "ALLREDUCE", [&] { reduce(fused, counts); });
+  phase(timeline_, r.names, "ALLREDUCE", [&] { reduce(fused, 0, counts.size()); });
   phase(timeline_, r.names, "MEMCPY_OUT_FUSION_BUFFER", [&] {
     size_t off = 0;
     for (size_t i = 0; i < entries.size(); ++i) {

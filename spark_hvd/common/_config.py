@@ -26,7 +26,8 @@ def env_float(name, default):
 
 
 def env_int(name, default):
-    return int(env_float(name, default))
+    value = env_float(name, default)
+    return None if value is None else int(value)  # default None: "not set"
 
 
 def env_flag(name, default=False):
@@ -60,10 +61,10 @@ class Config:
         self.timeline_mark_cycles = env_flag("TIMELINE_MARK_CYCLES")
         self.dynamic_process_sets = env_flag("DYNAMIC_PROCESS_SETS")
         self.shared_memory = not env_flag("SHM_DISABLE")
-        # Shared-memory allreduce tuning; 0 and -1 leave the core's defaults.
+        # Shared-memory allreduce tuning; 0 and None leave the core's defaults.
         self.shm_chunk_bytes = env_int("SHM_CHUNK_BYTES", 0)
         self.shm_single_copy = env_flag("SHM_SINGLE_COPY", True)
-        self.shm_single_copy_min_bytes = env_int("SHM_SINGLE_COPY_MIN_BYTES", -1)
+        self.shm_single_copy_min_bytes = env_int("SHM_SINGLE_COPY_MIN_BYTES", None)
         self.start_timeout = env_float("START_TIMEOUT", 30.0)
         overlap = str(env("OVERLAP", "auto")).strip().lower()
         if overlap not in _OVERLAP:
@@ -71,12 +72,9 @@ class Config:
         self.overlap = _OVERLAP[overlap]
         for name, value in (("FUSION_THRESHOLD", self.fusion_threshold),
                             ("CACHE_CAPACITY", self.cache_capacity),
-                            ("SHM_CHUNK_BYTES", self.shm_chunk_bytes)):
-            if value < 0:
+                            ("SHM_CHUNK_BYTES", self.shm_chunk_bytes),
+                            ("SHM_SINGLE_COPY_MIN_BYTES", self.shm_single_copy_min_bytes)):
+            if value is not None and value < 0:
                 raise ValueError(f"SPARK_HVD_{name} must be >= 0, got {value}")
-        if self.shm_single_copy_min_bytes < -1 or (
-                self.shm_single_copy_min_bytes == -1 and env("SHM_SINGLE_COPY_MIN_BYTES")):
-            raise ValueError("SPARK_HVD_SHM_SINGLE_COPY_MIN_BYTES must be >= 0, got "
-                             f"{self.shm_single_copy_min_bytes}")
         if self.cycle_time_ms < 0:
             raise ValueError(f"SPARK_HVD_CYCLE_TIME must be >= 0 ms, got {self.cycle_time_ms}")

@@ -149,6 +149,7 @@ class _LegacyDistributedOptimizer(_LegacyOptimizer):
         """Calls the wrapped optimizer's ``variables``."""
         return self._optimizer.variables(*args, **kwargs)
 
+
 class _LegacyAdasumOptimizer(_LegacyDistributedOptimizer):
     """op=Adasum for a ``tf.compat.v1`` optimizer (Horovod's TF1 Adasum optimizer): every
     rank applies its own gradients with the wrapped optimizer, the ranks combine the changes

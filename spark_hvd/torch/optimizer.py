@@ -318,15 +318,19 @@ class _DistributedOptimizer:
                 if self._adasum:  # the parameter holds its update: put the weights back
                     for p in key if isinstance(key, tuple) else (key,):
                         self._restore_start(p)
+        self._end_step()
+        self._synchronized = True
+        if error is not None:
+            raise error
+
+    def _end_step(self):
+        """Forgets this step's allreduces: the next backward starts counting afresh."""
         self._handles.clear()
         for p in self._requires_update:
             self._allreduce_delay[p] = self.backward_passes_per_step
         for group in self._group_counts:
             self._group_counts[group] = 0
         self._pending = 0
-        self._synchronized = True
-        if error is not None:
-            raise error
 
     def _restore_start(self, p):
         with torch.no_grad():
@@ -341,10 +345,7 @@ class _DistributedOptimizer:
             except Exception:  # noqa: BLE001 - the closure's error is the one to report
                 pass
             self._restore_start(key)
-        self._handles.clear()
-        for p in self._requires_update:
-            self._allreduce_delay[p] = self.backward_passes_per_step
-        self._pending = 0
+        self._end_step()
 
     @contextmanager
     def skip_synchronize(self):
