@@ -19,8 +19,8 @@ Run it with ``spark-hvd-run -np 4 python train.py``. The collectives run as Pyth
 (``tf.numpy_function``), which XLA cannot compile: on a GPU machine, where Keras 3's
 ``jit_compile="auto"`` turns XLA on, pass ``jit_compile=False`` to ``model.compile``.
 
-Modules: ``optimizer``
-(DistributedOptimizer), ``callbacks``; the collectives and helpers are spark_hvd.tensorflow's.
+Modules: ``optimizer`` (DistributedOptimizer, PartialDistributedOptimizer), ``callbacks``;
+the collectives and helpers are spark_hvd.tensorflow's.
 """
 
 import keras
@@ -42,7 +42,7 @@ from ..tensorflow.functions import allgather_object, broadcast_object, broadcast
 from ..tensorflow.optimizer import broadcast_global_variables as _tf_broadcast_global_variables
 from ..tensorflow.sync_batch_norm import SyncBatchNormalization
 from . import callbacks
-from .optimizer import DistributedOptimizer, _DistributedOptimizer
+from .optimizer import DistributedOptimizer, PartialDistributedOptimizer, _DistributedOptimizer
 
 
 def broadcast_global_variables(root_rank):
@@ -103,7 +103,8 @@ def load_model(filepath, custom_optimizers=None, custom_objects=None,
 
 __all__ = [
     "Adasum", "Average", "CollectiveError", "Compression", "DistributedOptimizer",
-    "HorovodInternalError", "HostsUpdatedInterrupt", "Max", "Min", "ProcessSet", "Product",
+    "HorovodInternalError", "HostsUpdatedInterrupt", "Max", "Min",
+    "PartialDistributedOptimizer", "ProcessSet", "Product",
     "Sum", "SyncBatchNormalization", "add_process_set", "allgather", "allgather_object",
     "allreduce", "barrier", "broadcast", "broadcast_global_variables", "broadcast_object",
     "broadcast_variables", "callbacks", "ccl_built", "cross_rank", "cross_size", "cuda_built",

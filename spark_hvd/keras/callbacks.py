@@ -28,28 +28,64 @@ def _optimizer_variables(optimizer):
     return list(variables() if callable(variables) else variables)
 
 
+def _slot_prefix(variable):
+    # Keras names the state an optimizer keeps for a variable after the variable's path
+    # (``add_variable_from_reference``: "dense/kernel" -> "dense_kernel_momentum").
+    path = getattr(variable, "path", None) or str(variable.name)
+    return path.replace("/", "_").replace(":", "_") + "_"
+
+
+def _slots_of(slots, local, everything):
+    """ids of the optimizer variables kept for the variables in ``local``: each slot belongs
+    to the variable with the longest path that prefixes its name."""
+    prefixes = sorted(((_slot_prefix(v), id(v)) for v in everything), key=lambda p: -len(p[0]))
+    local_ids = {id(v) for v in local}
+    owned = set()
+    for s in slots:
+        name = str(getattr(s, "name", ""))
+        owner = next((i for prefix, i in prefixes if name.startswith(prefix)), None)
+        if owner in local_ids:
+            owned.add(id(s))
+    return owned
+
+
 class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
     """Broadcasts the model's and the optimizer's variables from ``root_rank`` so every rank
     starts from the same state (random initialization or a checkpoint loaded on the root).
 
     It runs when training begins (building the optimizer first, so the first step already
     starts from the root's state) or, for a model that is only built by its first step, after
-    the first batch (Horovod's behaviour); once per callback object. ``device`` is accepted
-    for Horovod compatibility.
+    the first batch (Horovod's behaviour); once per callback object.
+
+    Args:
+        root_rank: the rank whose values everyone takes.
+        device: accepted for Horovod compatibility.
+        local_variables: variables each rank keeps as they are (model parallelism: the local
+            layers of ``PartialDistributedOptimizer``); the optimizer state that Keras keeps
+            for them (momentum and the like) is left alone too.
     """
 
-    def __init__(self, root_rank, device=''):
+    def __init__(self, root_rank, device='', local_variables=None):
         super().__init__()
         self.root_rank = root_rank
         self.device = device
         self.broadcast_done = False
+        if local_variables is not None and hasattr(local_variables, "assign"):
+            local_variables = [local_variables]
+        self.local_variables = list(local_variables or [])
 
     def _broadcast(self):
         model = self.model
-        variables = list(model.variables)
+        local = {id(v) for v in self.local_variables}
+        variables = [v for v in model.variables if id(v) not in local]
         optimizer = getattr(model, "optimizer", None)
         if optimizer is not None and getattr(optimizer, "built", True):
-            variables += _optimizer_variables(optimizer)
+            slots = _optimizer_variables(optimizer)
+            if local:
+                skipped = _slots_of(slots, [v for v in model.variables if id(v) in local],
+                                    model.variables)
+                slots = [s for s in slots if id(s) not in skipped]
+            variables += slots
         broadcast_variables(variables, root_rank=self.root_rank)
         self.broadcast_done = True
 

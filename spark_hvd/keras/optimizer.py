@@ -22,7 +22,8 @@ import tensorflow as tf
 from ..common.process_sets import global_process_set
 from ..tensorflow.collectives import Average
 from ..tensorflow.compression import Compression
-from ..tensorflow.gradient_tape import GradientAllreducer, check_args, dense_for_accumulation
+from ..tensorflow.gradient_tape import (GradientAllreducer, check_args, dense_for_accumulation,
+                                        local_layer_variables)
 
 
 class _State:
@@ -47,6 +48,12 @@ class _State:
 
 class _DistributedOptimizer:
     """Methods mixed into the wrapped optimizer's class (see :func:`DistributedOptimizer`)."""
+
+    def register_local_var(self, var):
+        """Keeps ``var``'s gradient on this rank (model parallelism): it is not averaged, only
+        divided by the set size when ``scale_local_gradients`` (the default). Register before
+        the first step: ``model.fit`` traces the step once."""
+        self._hvd.allreducer.register_local(var)
 
     def build(self, variables):
         """Builds the wrapped optimizer (and the gradient accumulators, if any)."""
@@ -139,9 +146,11 @@ def DistributedOptimizer(optimizer, name=None, device_dense='', device_sparse=''
         num_groups / groups: split the gradients into that many grouped allreduces, or lists
             of variables reduced together.
         process_set: the ranks that average their gradients.
+        scale_local_gradients: divide the gradients of variables registered with
+            ``register_local_var`` by the set size, as in Horovod.
 
-    ``device_dense``, ``device_sparse`` and ``scale_local_gradients`` are accepted for
-    Horovod compatibility. With one rank the gradients are applied unchanged.
+    ``device_dense`` and ``device_sparse`` are accepted for Horovod compatibility. With one
+    rank the gradients are applied unchanged.
     """
     if not isinstance(optimizer, keras.optimizers.Optimizer):
         raise ValueError(f"DistributedOptimizer wraps a keras.optimizers.Optimizer, got "
@@ -153,10 +162,43 @@ def DistributedOptimizer(optimizer, name=None, device_dense='', device_sparse=''
     if passes < 1:
         raise ValueError("backward_passes_per_step must be > 0")
     allreducer = GradientAllreducer(compression, sparse_as_dense, op, gradient_predivide_factor,
-                                    groups, process_set, name=None)
+                                    groups, process_set, name=None,
+                                    scale_local_gradients=scale_local_gradients)
     state = _State(allreducer, passes, average_aggregated_gradients, sparse_as_dense)
     optimizer.__class__ = _distributed_class(type(optimizer))
     optimizer._hvd = state
     if passes > 1 and optimizer.built:
         state.build_accumulators(optimizer._trainable_variables)
+    return optimizer
+
+
+def PartialDistributedOptimizer(optimizer, name=None, device_dense='', device_sparse='',
+                                compression=Compression.none, sparse_as_dense=False,
+                                gradient_predivide_factor=1.0, op=Average,
+                                backward_passes_per_step=1, average_aggregated_gradients=False,
+                                groups=None, process_set=global_process_set, local_layers=None,
+                                scale_local_gradients=True):
+    """``DistributedOptimizer`` that leaves the gradients of ``local_layers`` on each rank
+    (model parallelism: layers whose weights differ between ranks on purpose).
+
+    Args:
+        local_layers: a Keras layer or a collection of them; their trainable variables are
+            registered with ``register_local_var``. None: the same as
+            ``DistributedOptimizer``.
+        scale_local_gradients: divide the local gradients by the set size (Horovod's default).
+
+    The other arguments are ``DistributedOptimizer``'s. Pair it with
+    ``callbacks.BroadcastGlobalVariablesCallback(0, local_variables=...)`` so the local
+    weights are not overwritten by the root's.
+    """
+    local = local_layer_variables(local_layers)
+    optimizer = DistributedOptimizer(
+        optimizer, name=name, device_dense=device_dense, device_sparse=device_sparse,
+        compression=compression, sparse_as_dense=sparse_as_dense,
+        gradient_predivide_factor=gradient_predivide_factor, op=op,
+        backward_passes_per_step=backward_passes_per_step,
+        average_aggregated_gradients=average_aggregated_gradients, groups=groups,
+        process_set=process_set, scale_local_gradients=scale_local_gradients)
+    for v in local:
+        optimizer.register_local_var(v)
     return optimizer

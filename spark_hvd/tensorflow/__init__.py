@@ -25,7 +25,7 @@ import ``spark_hvd.keras`` (also reachable as ``spark_hvd.tensorflow.keras``).
 
 Modules: ``collectives`` (the ops as TF kernels, eager and in graphs; join, barrier),
 ``differentiable`` (the public ops with gradients), ``functions`` (broadcast of variables and
-objects), ``gradient_tape`` (DistributedGradientTape), ``optimizer`` (DistributedOptimizer,
+objects), ``gradient_tape`` (DistributedGradientTape, PartialDistributedGradientTape), ``optimizer`` (DistributedOptimizer,
 tf.compat.v1 hooks), ``compression``, ``sync_batch_norm``; ``mpi_ops`` is kept as an alias for
 scripts that import it.
 """
@@ -47,7 +47,7 @@ from .differentiable import (allgather, allreduce, alltoall, broadcast, grouped_
                              grouped_allreduce, grouped_reducescatter, reducescatter)
 from .functions import (allgather_object, broadcast_object, broadcast_object_fn,
                         broadcast_variables)
-from .gradient_tape import DistributedGradientTape
+from .gradient_tape import DistributedGradientTape, PartialDistributedGradientTape
 from .optimizer import (BroadcastGlobalVariablesHook, DistributedOptimizer,
                         broadcast_global_variables)
 from .sync_batch_norm import SyncBatchNormalization
@@ -86,7 +86,8 @@ def process_set_included_op(process_set_id=0, name=None):
 __all__ = [
     "Adasum", "Average", "BroadcastGlobalVariablesHook", "CollectiveError", "Compression",
     "DistributedGradientTape", "DistributedOptimizer", "HorovodInternalError",
-    "HostsUpdatedInterrupt", "Max", "Min", "ProcessSet", "Product", "Sum",
+    "HostsUpdatedInterrupt", "Max", "Min", "PartialDistributedGradientTape", "ProcessSet",
+    "Product", "Sum",
     "SyncBatchNormalization", "add_process_set", "allgather", "allgather_object", "allreduce",
     "alltoall", "barrier", "broadcast", "broadcast_global_variables", "broadcast_object",
     "broadcast_object_fn", "broadcast_variables", "ccl_built", "cross_rank", "cross_size",

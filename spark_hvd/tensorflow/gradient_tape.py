@@ -11,6 +11,12 @@ negotiation, fused into as few collectives as the fusion buffer allows) rather t
 blocking call per variable. ``tf.IndexedSlices`` (embedding gradients) are allgathered as
 values and indices unless ``sparse_as_dense``. With one rank in the process set gradients are
 returned unchanged (as in Horovod).
+
+Model parallelism: variables registered as local (``register_local_source`` on the tape,
+``register_local_var`` on the optimizers, or the ``local_layers`` of
+``PartialDistributedGradientTape`` and ``spark_hvd.keras.PartialDistributedOptimizer``) are
+never communicated; with ``scale_local_gradients`` (the default, as in Horovod) their
+gradients are divided by the set size, so they are scaled like the averaged ones.
 """
 
 import tensorflow as tf
@@ -51,7 +57,7 @@ class GradientAllreducer:
 
     def __init__(self, compression=Compression.none, sparse_as_dense=False, op=Average,
                  gradient_predivide_factor=1.0, groups=None, process_set=global_process_set,
-                 name=None):
+                 name=None, scale_local_gradients=True):
         self.compression = compression
         self.sparse_as_dense = sparse_as_dense
         self.op = op
@@ -59,6 +65,29 @@ class GradientAllreducer:
         self.groups = groups
         self.process_set = process_set if process_set is not None else global_process_set
         self.name = name
+        self.scale_local_gradients = scale_local_gradients
+        # id -> variable: holding the variable keeps its id from being reused.
+        self._local = {}
+
+    def register_local(self, variable):
+        """Marks ``variable`` as this rank's own: its gradient is never communicated.
+        Register before the first traced step (a traced function keeps what it saw)."""
+        if not _is_variable_or_tensor(variable):
+            raise ValueError(f"register a variable as local, got {type(variable).__name__}")
+        self._local[id(variable)] = variable
+
+    def is_local(self, variable):
+        return id(variable) in self._local
+
+    def _scaled_local(self, grad):
+        """A local gradient divided by the set size (``scale_local_gradients``)."""
+        if grad is None or not self.scale_local_gradients:
+            return grad
+        n = member_count(self.process_set)
+        if isinstance(grad, tf.IndexedSlices):
+            return tf.IndexedSlices(grad.values / tf.cast(n, grad.values.dtype), grad.indices,
+                                    grad.dense_shape)
+        return grad / tf.cast(n, grad.dtype)
 
     def active(self):
         """False when there is nothing to average with (one rank, or not a member)."""
@@ -77,15 +106,20 @@ class GradientAllreducer:
                 for group in form_groups(members, self.groups, None)]
 
     @tf.autograph.experimental.do_not_convert
-    def __call__(self, grads, variables=None):
-        """``grads`` reduced across ranks (None entries stay None)."""
+    def __call__(self, grads, variables=None, scale_local=True):
+        """``grads`` reduced across ranks (None entries stay None); the gradients of local
+        variables stay on this rank (scaled unless ``scale_local`` is False)."""
         grads = list(grads)
         if not self.active():
             return grads
         out = list(grads)
+        variables = list(variables) if variables is not None else None
         dense = []
         for i, g in enumerate(grads):
             if g is None:
+                continue
+            if variables is not None and self._local and self.is_local(variables[i]):
+                out[i] = self._scaled_local(g) if scale_local else g
                 continue
             if isinstance(g, tf.IndexedSlices):
                 if not self.sparse_as_dense:
@@ -95,7 +129,6 @@ class GradientAllreducer:
                 g = tf.convert_to_tensor(g)
                 grads[i] = g
             dense.append(i)
-        variables = list(variables) if variables is not None else None
         for group in self._dense_groups(dense, variables):
             pairs = [self.compression.compress(tf.convert_to_tensor(grads[i])) for i in group]
             reduced = allreduce_list([c for c, _ in pairs], self.name, self.op, self.prescale,
@@ -117,6 +150,11 @@ class _DistributedGradientTape:
         flat_sources = tf.nest.flatten(sources)
         reduced = self._hvd_allreducer(flat_grads, flat_sources)
         return tf.nest.pack_sequence_as(grads, reduced)
+
+    def register_local_source(self, source):
+        """Keeps ``source``'s gradient on this rank (model parallelism): it is not averaged,
+        only divided by the set size when ``scale_local_gradients`` (the default)."""
+        self._hvd_allreducer.register_local(source)
 
 
 _tape_classes = {}
@@ -141,9 +179,11 @@ def DistributedGradientTape(gradtape, device_dense='', device_sparse='',
         groups: an int (split the gradients into that many grouped allreduces) or lists of
             variables reduced together (the others are reduced one by one).
         process_set: the ranks that average their gradients.
+        scale_local_gradients: divide the gradients of local sources (registered with the
+            result's ``register_local_source``) by the set size, as in Horovod.
 
-    ``device_dense``, ``device_sparse`` and ``scale_local_gradients`` are accepted for Horovod
-    compatibility. The result is an instance of a subclass of the tape's class.
+    ``device_dense`` and ``device_sparse`` are accepted for Horovod compatibility. The result
+    is an instance of a subclass of the tape's class.
     """
     groups = check_args(op, gradient_predivide_factor, num_groups, groups, process_set)
     base = type(gradtape)
@@ -158,5 +198,44 @@ def DistributedGradientTape(gradtape, device_dense='', device_sparse='',
     tape.__dict__.update(gradtape.__dict__)
     tape._hvd_allreducer = GradientAllreducer(compression, sparse_as_dense, op,
                                               gradient_predivide_factor, groups, process_set,
-                                              name=None)
+                                              name=None,
+                                              scale_local_gradients=scale_local_gradients)
+    return tape
+
+
+def local_layer_variables(local_layers):
+    """The trainable variables of ``local_layers`` (one Keras layer or a collection of them),
+    with Horovod's error for anything else."""
+    import keras
+    if local_layers is None:
+        return []
+    if isinstance(local_layers, keras.layers.Layer):
+        local_layers = [local_layers]
+    local_layers = list(local_layers)
+    if not all(isinstance(layer, keras.layers.Layer) for layer in local_layers):
+        raise ValueError("All local layers must be of tf.keras.layers.Layer type.")
+    return [v for layer in local_layers for v in layer.trainable_weights]
+
+
+def PartialDistributedGradientTape(gradtape, device_dense='', device_sparse='',
+                                   compression=Compression.none, sparse_as_dense=False,
+                                   op=Average, gradient_predivide_factor=1.0, num_groups=0,
+                                   groups=None, process_set=global_process_set,
+                                   local_layers=None, scale_local_gradients=True):
+    """``DistributedGradientTape`` that leaves the gradients of ``local_layers`` on each rank
+    (model parallelism: layers whose weights differ between ranks on purpose).
+
+    Args:
+        local_layers: a Keras layer or a collection of them; their trainable variables are
+            registered as local sources. None: the same as ``DistributedGradientTape``.
+        scale_local_gradients: divide the local gradients by the set size (Horovod's default).
+
+    The other arguments are ``DistributedGradientTape``'s.
+    """
+    local = local_layer_variables(local_layers)
+    tape = DistributedGradientTape(gradtape, device_dense, device_sparse, compression,
+                                   sparse_as_dense, op, gradient_predivide_factor, num_groups,
+                                   groups, process_set, scale_local_gradients)
+    for v in local:
+        tape.register_local_source(v)
     return tape

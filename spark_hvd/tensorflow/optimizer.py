@@ -114,6 +114,12 @@ class _LegacyDistributedOptimizer(_LegacyOptimizer):
         self._allreducer = allreducer
         self._accumulator = accumulator
 
+    def register_local_var(self, var):
+        """Keeps ``var``'s gradient on this rank (model parallelism): it is not averaged, only
+        divided by the set size when ``scale_local_gradients`` (the default). Register before
+        building the training op."""
+        self._allreducer.register_local(var)
+
     def compute_gradients(self, *args, **kwargs):
         """The wrapped optimizer's ``(gradient, variable)`` pairs with the gradients averaged
         across ranks (one grouped allreduce; every N-th pass with backward_passes_per_step)."""
@@ -177,7 +183,8 @@ class _LegacyAdasumOptimizer(_LegacyDistributedOptimizer):
         with tf.control_dependencies([applied]):
             saved = [tf.identity(s) for s in starts]
             deltas = [tf.identity(v) - s for v, s in zip(variables, saved)]
-        combined = self._allreducer(deltas, variables)
+        # A local variable keeps its own change, unscaled (it is a change, not a gradient).
+        combined = self._allreducer(deltas, variables, scale_local=False)
         return tf.group(*[v.assign(s + c) for v, s, c in zip(variables, saved, combined)])
 
 
@@ -214,9 +221,11 @@ def DistributedOptimizer(optimizer, name=None, use_locking=False, device_dense='
         num_groups / groups: split the gradients into grouped allreduces (see
             ``DistributedGradientTape``).
         process_set: the ranks that average their gradients.
+        scale_local_gradients: divide the gradients of variables registered with the
+            result's ``register_local_var`` by the set size, as in Horovod.
 
-    ``use_locking`` is passed to the TF1 wrapper; ``device_dense``, ``device_sparse`` and
-    ``scale_local_gradients`` are accepted for Horovod compatibility.
+    ``use_locking`` is passed to the TF1 wrapper; ``device_dense`` and ``device_sparse`` are
+    accepted for Horovod compatibility.
     """
     if _is_keras_optimizer(optimizer):
         from ..keras.optimizer import DistributedOptimizer as KerasDistributedOptimizer
@@ -233,7 +242,8 @@ def DistributedOptimizer(optimizer, name=None, use_locking=False, device_dense='
     if int(backward_passes_per_step) < 1:
         raise ValueError(f"backward_passes_per_step must be >= 1, got {backward_passes_per_step}")
     allreducer = GradientAllreducer(compression, sparse_as_dense, op, gradient_predivide_factor,
-                                    groups, process_set, name=None)
+                                    groups, process_set, name=None,
+                                    scale_local_gradients=scale_local_gradients)
     if op == Adasum and member_count(process_set) > 1:
         if int(backward_passes_per_step) > 1:
             raise ValueError("op=Adasum with a tf.compat.v1 optimizer supports "

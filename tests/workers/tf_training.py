@@ -417,13 +417,147 @@ def misc_checks(c, n, rank):
             "keras topology")
 
 
+# -- local variables (model parallelism) -------------------------------------------------------
+
+def local_layers(r):
+    """A shared layer (rank 0's values: the others get them by broadcast or hold them already)
+    and rank r's own layer, with rank r's values."""
+    shared = keras.layers.Dense(3, activation="tanh", name="shared")
+    own = keras.layers.Dense(2, name="own")
+    shared.build((None, 4))
+    own.build((None, 3))
+    for layer, who, tag in ((shared, 0, "shared"), (own, r, "own")):
+        layer.kernel.assign(data(who, tuple(layer.kernel.shape), tag + "k"))
+        layer.bias.assign(data(who, tuple(layer.bias.shape), tag + "b"))
+    return shared, own
+
+
+def local_variable_checks(c, n, rank):
+    """Local variables: never averaged, divided by the set size unless scale_local_gradients
+    is False; the callback's local_variables keep their weights and optimizer state."""
+    def batch(r, tag):
+        return tf.constant(data(r, (5, 4), tag + "x")), tf.constant(data(r, (5, 2), tag + "y"))
+
+    def grads_of(r, layers, tag):
+        shared, own = layers
+        x, y = batch(r, tag)
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum((own(shared(x)) - y) ** 2)
+        variables = shared.trainable_weights + own.trainable_weights
+        return [g.numpy() for g in tape.gradient(loss, variables)]
+
+    everyone = [grads_of(r, local_layers(r), "tape") for r in range(n)]
+    mean = [np.mean([g[i] for g in everyone], 0) for i in range(4)]
+    mine = everyone[rank]
+    shared, own = local_layers(rank)
+    variables = shared.trainable_weights + own.trainable_weights
+
+    def step(wrap, traced):
+        def run():
+            x, y = batch(rank, "tape")
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_sum((own(shared(x)) - y) ** 2)
+            return wrap(tape).gradient(loss, variables)
+        return tf.function(run)() if traced else run()
+
+    def register_kernel(tape):
+        tape = hvd.DistributedGradientTape(tape)
+        tape.register_local_source(own.kernel)
+        return tape
+
+    cases = [("partial", lambda t: hvd.PartialDistributedGradientTape(t, local_layers=[own]),
+              mean[:2] + [g / n for g in mine[2:]]),
+             ("partial_unscaled", lambda t: hvd.PartialDistributedGradientTape(
+                 t, local_layers=own, scale_local_gradients=False), mean[:2] + mine[2:]),
+             ("register_local_source", register_kernel, mean[:2] + [mine[2] / n, mean[3]]),
+             ("no_local_layers", lambda t: hvd.PartialDistributedGradientTape(t), mean)]
+    for traced in (False, True):
+        for name, wrap, want in cases:
+            t = f"local/tape/{name}/{'function' if traced else 'eager'}"
+            got = c.run(t, step, wrap, traced)
+            for i, g in enumerate(got or []):
+                c.check(close(g.numpy(), want[i], 1e-6), f"{t}/{i}: off by "
+                        f"{np.abs(g.numpy() - want[i]).max()}")
+    c.raises("local/tape/not_a_layer", ValueError, hvd.PartialDistributedGradientTape,
+             tf.GradientTape(), local_layers=[own, own.kernel], match="tf.keras.layers.Layer")
+    c.raises("local/optimizer/not_a_layer", ValueError, khvd.PartialDistributedOptimizer,
+             keras.optimizers.SGD(), local_layers="own", match="tf.keras.layers.Layer")
+
+    # tf.compat.v1 optimizer: register_local_var
+    a, b = tf.Variable(np.zeros(2, np.float32)), tf.Variable(np.zeros(2, np.float32))
+    opt = hvd.DistributedOptimizer(tf.compat.v1.train.GradientDescentOptimizer(1.0))
+    opt.register_local_var(a)
+    gv = c.run("local/v1", opt.compute_gradients,
+               lambda: tf.reduce_sum((a + b) * tf.constant([1.0, float(rank)])), [a, b])
+    if gv:
+        c.check(close(gv[0][0].numpy(), [1.0 / n, rank / n]) and
+                close(gv[1][0].numpy(), [1.0, (n - 1) / 2.0]),
+                f"local/v1: {[g.numpy() for g, _ in gv]}")
+
+    # model.fit with PartialDistributedOptimizer and the callback's local_variables: the
+    # shared layer starts from rank 0's weights and momentum, the own layer from this rank's,
+    # and every step matches a simulation of all ranks.
+    def model_of(layers):
+        model = keras.Sequential([keras.Input((4,)), *layers])
+        model.build((None, 4))
+        return model
+
+    def momentum_start(optimizer, model, r):
+        optimizer.build(model.trainable_variables)
+        for i, (v, m) in enumerate(zip(model.trainable_variables, optimizer.momentums)):
+            m.assign(data(r, tuple(v.shape), f"momentum{i}"))
+
+    steps = 3
+    xs = [data(r, (5 * steps, 4), "fitx") for r in range(n)]
+    ys = [data(r, (5 * steps, 2), "fity") for r in range(n)]
+    # the simulation: every rank's model, shared gradients averaged, own ones divided by n
+    sims = [model_of(local_layers(r)) for r in range(n)]
+    sim_opts = [keras.optimizers.SGD(0.1, momentum=0.5) for _ in range(n)]
+    for r in range(n):
+        momentum_start(sim_opts[r], sims[r], r)
+        for m0, m in zip(sim_opts[0].momentums[:2], sim_opts[r].momentums[:2]):
+            m.assign(m0)  # the shared layer's momentum is rank 0's after the broadcast
+    for k in range(steps):
+        per_rank = []
+        for r in range(n):
+            with tf.GradientTape() as tape:
+                pred = sims[r](xs[r][5 * k:5 * (k + 1)])
+                loss = tf.reduce_mean((pred - ys[r][5 * k:5 * (k + 1)]) ** 2)
+            per_rank.append(tape.gradient(loss, sims[r].trainable_variables))
+        for r in range(n):
+            shared_mean = [tf.add_n([g[i] for g in per_rank]) / n for i in range(2)]
+            sim_opts[r].apply(shared_mean + [g / n for g in per_rank[r][2:]],
+                              sims[r].trainable_variables)
+    # the real thing: rank r's shared layer starts elsewhere and takes rank 0's by broadcast
+    shared, own = local_layers(rank)
+    if rank:
+        for v in shared.trainable_weights:
+            v.assign(v + 1.0)
+    model = model_of([shared, own])
+    opt = khvd.PartialDistributedOptimizer(keras.optimizers.SGD(0.1, momentum=0.5),
+                                           local_layers=[own])
+    momentum_start(opt, model, rank)
+    model.compile(opt, loss="mse", jit_compile=False)
+    callback = khvd.callbacks.BroadcastGlobalVariablesCallback(
+        0, local_variables=own.trainable_weights)
+    c.run("local/fit", model.fit, xs[rank], ys[rank], batch_size=5, epochs=1, shuffle=False,
+          verbose=0, callbacks=[callback])
+    for v, w in zip(model.trainable_variables, sims[rank].trainable_variables):
+        c.check(close(v.numpy(), w.numpy(), 1e-5), f"local/fit {v.path}: off by "
+                f"{np.abs(v.numpy() - w.numpy()).max()}")
+    same_everywhere(c, "local/fit shared", [v.numpy() for v in shared.trainable_weights])
+    if n > 1:
+        owns = hvd.allgather_object([v.numpy().tobytes() for v in own.trainable_weights])
+        c.check(owns[0] != owns[1], "local/fit: the own layers became equal")
+
+
 def main():
     tmp = sys.argv[1]
     hvd.init()
     rank, n = hvd.rank(), hvd.size()
     c = Checks(rank)
     for part in (tape_checks, fit_checks, accumulation_checks, schedule_checks,
-                 sync_bn_checks, misc_checks):
+                 sync_bn_checks, misc_checks, local_variable_checks):
         args = (c, n, rank, tmp) if part in (fit_checks, schedule_checks) else (c, n, rank)
         c.run(part.__name__, part, *args)
     hvd.shutdown()

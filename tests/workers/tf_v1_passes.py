@@ -47,28 +47,36 @@ def train(c, n, rank, passes, average, make_optimizer, steps):
 
 
 def adasum(c, n, rank, steps=3):
-    """op=Adasum against a NumPy simulation of every rank's MomentumOptimizer."""
+    """op=Adasum against a NumPy simulation of every rank's MomentumOptimizer; a variable
+    registered local keeps this rank's own change."""
     graph = tf.Graph()
     with graph.as_default():
         x = v1.placeholder(tf.float64, [3])
         w = v1.get_variable("w", initializer=np.full(3, 0.5))
+        own = v1.get_variable("own", initializer=np.full(3, 0.25))
         opt = hvd.DistributedOptimizer(v1.train.MomentumOptimizer(0.1, 0.9), op=hvd.Adasum)
+        opt.register_local_var(own)
         step = v1.train.get_or_create_global_step()
-        train_op = opt.minimize(tf.reduce_sum(w * w * x), global_step=step)
+        train_op = opt.minimize(tf.reduce_sum((w * w + own * own) * x), global_step=step)
         with v1.train.MonitoredTrainingSession(hooks=[hvd.BroadcastGlobalVariablesHook(0)],
                                                log_step_count_steps=None) as sess:
             want, accum = np.full(3, 0.5), [np.zeros(3) for _ in range(n)]
+            want_own, accum_own = np.full(3, 0.25), np.zeros(3)
+            lr, momentum = float(np.float32(0.1)), float(np.float32(0.9))  # TF's casts
             for s in range(steps):
                 sess.run(train_op, {x: pass_input(rank, s)})
                 deltas = []
-                lr, momentum = float(np.float32(0.1)), float(np.float32(0.9))  # TF's casts
                 for r in range(n):  # accum = momentum accum + grad; w -= lr accum
                     accum[r] = momentum * accum[r] + 2 * want * pass_input(r, s)
                     deltas.append(-lr * accum[r])
                 want = want + ref_adasum(deltas)
-                got = sess.run(w)
+                accum_own = momentum * accum_own + 2 * want_own * pass_input(rank, s)
+                want_own = want_own - lr * accum_own
+                got, got_own = sess.run([w, own])
                 c.check(np.allclose(got, want, rtol=1e-10, atol=1e-12),
                         f"adasum after step {s + 1}: {got} != {want}")
+                c.check(np.allclose(got_own, want_own, rtol=1e-10, atol=1e-12),
+                        f"adasum local variable after step {s + 1}: {got_own} != {want_own}")
             c.check(int(sess.run(step)) == steps, "adasum: global step")
 
 
