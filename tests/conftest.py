@@ -11,9 +11,11 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections import defaultdict
 from dataclasses import dataclass
@@ -43,6 +45,25 @@ def hosts_for(transport: str, np_: int) -> str:
 
 def transport_env(transport: str) -> dict[str, str]:
     return {"SPARK_HVD_SHM_DISABLE": "1"} if transport == "tcp" else {}
+
+
+# Every process the tests start (jobs, Spark's Python workers) writes its temporary files
+# under one directory that goes away with the session: TensorFlow's autograph alone leaves
+# hundreds of generated modules in the temporary directory per run. pytest's own tmp_path
+# directories keep their usual place (gettempdir() is resolved before TMPDIR changes).
+_SESSION_TMP: str | None = None
+
+
+def pytest_configure(config):
+    global _SESSION_TMP
+    tempfile.gettempdir()
+    _SESSION_TMP = tempfile.mkdtemp(prefix="spark_hvd-tests-")
+    os.environ["TMPDIR"] = _SESSION_TMP
+
+
+def pytest_unconfigure(config):
+    if _SESSION_TMP:
+        shutil.rmtree(_SESSION_TMP, ignore_errors=True)
 
 
 # Environment variables of the developer's shell that would change what a job does.
