@@ -108,9 +108,15 @@ def test_every_name_and_docstring():
 
 
 def test_mpi_ops_alias():
-    from spark_hvd.torch import mpi_ops
+    from spark_hvd.torch import differentiable, mpi_ops
     for name in hvd.__all__:
         assert getattr(mpi_ops, name) is getattr(hvd, name)
+    # Horovod's autograd Functions, imported from mpi_ops by some scripts
+    for name in ("HorovodAllreduce", "HorovodGroupedAllreduce", "HorovodAllgather",
+                 "HorovodGroupedAllgather", "HorovodBroadcast", "HorovodAlltoall",
+                 "HorovodReducescatter", "HorovodGroupedReducescatter"):
+        assert getattr(mpi_ops, name) is getattr(differentiable, name)
+        assert issubclass(getattr(mpi_ops, name), torch.autograd.Function)
 
 
 def test_no_gpu_build():

@@ -74,6 +74,11 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
             local_variables = [local_variables]
         self.local_variables = list(local_variables or [])
 
+    def register_local_var(self, var):
+        """Leaves ``var`` (and its optimizer state) out of the broadcast, like
+        ``local_variables``."""
+        self.local_variables.append(var)
+
     def _broadcast(self):
         model = self.model
         local = {id(v) for v in self.local_variables}

@@ -45,7 +45,7 @@ from .collectives import CollectiveError, barrier, join
 from .compression import Compression
 from .differentiable import (allgather, allreduce, alltoall, broadcast, grouped_allgather,
                              grouped_allreduce, grouped_reducescatter, reducescatter)
-from .functions import (allgather_object, broadcast_object, broadcast_object_fn,
+from .functions import (allgather_object, broadcast_, broadcast_object, broadcast_object_fn,
                         broadcast_variables)
 from .gradient_tape import DistributedGradientTape, PartialDistributedGradientTape
 from .optimizer import (BroadcastGlobalVariablesHook, DistributedOptimizer,
@@ -89,7 +89,7 @@ __all__ = [
     "HostsUpdatedInterrupt", "Max", "Min", "PartialDistributedGradientTape", "ProcessSet",
     "Product", "Sum",
     "SyncBatchNormalization", "add_process_set", "allgather", "allgather_object", "allreduce",
-    "alltoall", "barrier", "broadcast", "broadcast_global_variables", "broadcast_object",
+    "alltoall", "barrier", "broadcast", "broadcast_", "broadcast_global_variables", "broadcast_object",
     "broadcast_object_fn", "broadcast_variables", "ccl_built", "cross_rank", "cross_size",
     "cuda_built", "ddl_built", "gloo_built", "gloo_enabled", "global_process_set",
     "grouped_allgather", "grouped_allreduce", "grouped_reducescatter", "init",

@@ -107,7 +107,8 @@ def allreduce(tensor, average=None, device_dense='', device_sparse='',
 @_plain
 def grouped_allreduce(tensors, average=None, device_dense='', device_sparse='',
                       compression=Compression.none, op=None, prescale_factor=1.0,
-                      postscale_factor=1.0, process_set=global_process_set, name=None):
+                      postscale_factor=1.0, process_set=global_process_set,
+                      ignore_name_scope=False, name=None):
     """Allreduce of a list of tensors, negotiated together and fused; returns a list.
     Arguments as :func:`allreduce`. Differentiable."""
     op = reduce_op(op, average)
@@ -198,9 +199,10 @@ def broadcast(tensor, root_rank, name=None, ignore_name_scope=False,
 def alltoall(tensor, splits=None, name=None, ignore_name_scope=False,
              process_set=global_process_set):
     """Sends ``splits[i]`` consecutive rows of ``tensor`` to member ``i`` (without
-    ``splits`` the first dimension is divided evenly). Returns ``(received rows concatenated
-    in rank order, received splits as an int32 vector)``. Differentiable: the gradient is
-    sent back with the received splits."""
+    ``splits`` the first dimension is divided evenly). Returns the received rows concatenated
+    in rank order and, when ``splits`` is given, also the received splits as an int32 vector
+    (Horovod's return values). Differentiable: the gradient is sent back with the received
+    splits."""
     def forward(xs):
         return alltoall_pair(xs[0], splits, name, process_set)
 
@@ -208,7 +210,7 @@ def alltoall(tensor, splits=None, name=None, ignore_name_scope=False,
         grad, _ = alltoall_pair(dys[0], ys[1], None, process_set)
         return [grad]
     out, received = _differentiable([tensor], forward, backward)
-    return out, received
+    return (out, received) if splits is not None else out
 
 
 # -- reducescatter --------------------------------------------------------------------------
@@ -228,8 +230,8 @@ def _reducescatter_diff(tensors, name, op, process_set, pre, post, grouped):
 
 @_plain
 def reducescatter(tensor, device_dense='', compression=Compression.none, op=Average, name=None,
-                  process_set=global_process_set, prescale_factor=1.0, postscale_factor=1.0,
-                  ignore_name_scope=False):
+                  process_set=global_process_set, ignore_name_scope=False, prescale_factor=1.0,
+                  postscale_factor=1.0):
     """Reduces ``tensor`` over the ranks (op=Average or Sum) and returns this rank's block of
     the first dimension: with ``d`` rows and ``n`` ranks the first ``d % n`` ranks get
     ``d // n + 1`` rows, the others ``d // n``. Differentiable (the gradient is allgathered)."""

@@ -10,7 +10,8 @@ from ..common import objects as _objects
 from ..common.process_sets import global_process_set
 from .collectives import _CODES, broadcast_list
 
-__all__ = ["allgather_object", "broadcast_object", "broadcast_object_fn", "broadcast_variables"]
+__all__ = ["allgather_object", "broadcast_", "broadcast_object", "broadcast_object_fn",
+           "broadcast_variables"]
 
 # Dtypes the core does not know travel bit for bit as an integer of the same width (Keras
 # seed-generator states are uint32), complex numbers as pairs of reals.
@@ -31,6 +32,13 @@ def _from_wire(value, dtype):
     return value if value.dtype == dtype else tf.bitcast(value, dtype)
 
 
+def _assign_from_root(variables, root_rank, name, process_set):
+    """Assigns ``root_rank``'s values to ``variables`` (one batch); returns the assign ops."""
+    values = [_to_wire(tf.convert_to_tensor(v)) for v in variables]
+    received = broadcast_list(values, root_rank, name, process_set)
+    return [v.assign(_from_wire(r, tf.as_dtype(v.dtype))) for v, r in zip(variables, received)]
+
+
 @tf.autograph.experimental.do_not_convert
 def broadcast_variables(variables, root_rank, process_set=global_process_set, inplace=False):
     """Assigns ``root_rank``'s values to ``variables`` on every rank of ``process_set``.
@@ -43,12 +51,22 @@ def broadcast_variables(variables, root_rank, process_set=global_process_set, in
     variables = list(variables)
     if not variables:
         return None if tf.executing_eagerly() or tf.inside_function() else tf.no_op()
-    values = [_to_wire(tf.convert_to_tensor(v)) for v in variables]
-    received = broadcast_list(values, root_rank, None, process_set)
-    assigns = [v.assign(_from_wire(r, tf.as_dtype(v.dtype))) for v, r in zip(variables, received)]
+    assigns = _assign_from_root(variables, root_rank, None, process_set)
     if tf.executing_eagerly() or tf.inside_function():
         return None  # done, or ordered by tf.function's automatic control dependencies
     return tf.group(*assigns)
+
+
+@tf.autograph.experimental.do_not_convert
+def broadcast_(variables, root_rank, name=None, process_set=global_process_set):
+    """In-place broadcast (Horovod's ``broadcast_``): ``variables`` take ``root_rank``'s
+    values on every rank of ``process_set``, in one batch; returns their new values."""
+    variables = list(variables)
+    if not variables:
+        return []
+    assigns = _assign_from_root(variables, root_rank, name, process_set)
+    with tf.control_dependencies(assigns):
+        return [tf.identity(tf.convert_to_tensor(v)) for v in variables]
 
 
 def broadcast_object(obj, root_rank=0, session=None, name=None,

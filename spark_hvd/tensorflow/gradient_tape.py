@@ -142,9 +142,14 @@ class _DistributedGradientTape:
     """Methods mixed into the wrapped tape's class (see :func:`DistributedGradientTape`)."""
 
     @tf.autograph.experimental.do_not_convert
-    def gradient(self, target, sources, output_gradients=None,
+    def gradient(self, target, sources, output_gradients=None, use_generic_names=False,
                  unconnected_gradients=tf.UnconnectedGradients.NONE):
-        """The tape's gradients, averaged across the ranks (one grouped allreduce)."""
+        """The tape's gradients, averaged across the ranks (one grouped allreduce).
+        ``use_generic_names`` is accepted for Horovod compatibility (collectives are named by
+        position); ``tf.GradientTape``'s ``unconnected_gradients`` works by keyword or in
+        its usual fourth place."""
+        if isinstance(use_generic_names, (tf.UnconnectedGradients, str)):
+            unconnected_gradients = use_generic_names
         grads = super().gradient(target, sources, output_gradients, unconnected_gradients)
         flat_grads = tf.nest.flatten(grads)
         flat_sources = tf.nest.flatten(sources)

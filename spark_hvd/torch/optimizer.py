@@ -347,6 +347,16 @@ class _DistributedOptimizer:
             self._restore_start(key)
         self._end_step()
 
+    def set_backward_passes_per_step(self, passes):
+        """Changes how many backward passes accumulate locally before each allreduce (takes
+        effect from the next pass; the counts of passes already run restart)."""
+        passes = int(passes)
+        if passes < 1:
+            raise ValueError("backward_passes_per_step must be >= 1")
+        self.backward_passes_per_step = passes
+        for p in self._allreduce_delay:
+            self._allreduce_delay[p] = passes
+
     @contextmanager
     def skip_synchronize(self):
         """Makes ``step()`` skip its synchronize, for when you called ``synchronize()``

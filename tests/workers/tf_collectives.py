@@ -298,6 +298,16 @@ class Suite:
         for i, (v, x) in enumerate(zip(variables, xs)):
             self.expect(f"{t}/{i}", v, x[0], tf.as_dtype(v.dtype), 0, 0)
         c.check(extra.numpy().tolist() == [0, 7], f"{t}/uint32: {extra.numpy()}")
+        t = "broadcast_"  # in place, returning the new values
+        xs = [self.inputs((2, 2), tf.float32, t), self.inputs((3,), tf.int32, t)]
+        variables = [tf.Variable(x[self.me]) for x in xs]
+        root = self.n - 1
+        got = c.run(t, call, self.mode,
+                    lambda: hvd.broadcast_(variables, root, name="bcast_", process_set=ps))
+        for i, (v, x) in enumerate(zip(variables, xs)):
+            self.expect(f"{t}/{i}", v, x[root], tf.as_dtype(v.dtype), 0, 0)
+            if got is not None:
+                self.expect(f"{t}/returned/{i}", got[i], x[root], tf.as_dtype(v.dtype), 0, 0)
 
     def alltoall(self):
         c, ps = self.c, self.ps
@@ -317,12 +327,13 @@ class Suite:
                 self.expect(t, got[0], np.concatenate(pieces), dtype, 0, 0)
                 c.check(got[1].numpy().tolist() == [splits[r][me] for r in range(n)] and
                         got[1].dtype == tf.int32, f"{t}: received splits {got[1]}")
-        t = "alltoall/even"
+        t = "alltoall/even"  # without splits: the rows only, as in Horovod
         xs = self.inputs((2 * n, 2), tf.int32, t)
         got = c.run(t, call, self.mode, lambda x: hvd.alltoall(x, process_set=ps),
                     tf.constant(xs[me]))
         if got is not None:
-            self.expect(t, got[0], np.concatenate([x[2 * me:2 * me + 2] for x in xs]),
+            c.check(isinstance(got, tf.Tensor), f"{t}: returned {type(got).__name__}")
+            self.expect(t, got, np.concatenate([x[2 * me:2 * me + 2] for x in xs]),
                         tf.int32, 0, 0)
 
     def reducescatter(self):

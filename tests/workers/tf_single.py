@@ -26,6 +26,54 @@ from spark_hvd.tensorflow import collectives, mpi_ops  # noqa: E402
 from _wutil import Checks  # noqa: E402
 
 
+# Horovod's TensorFlow API: name -> leading parameter names, in order (positional calls).
+SIGNATURES = {
+    "allreduce": ["tensor", "average", "device_dense", "device_sparse", "compression", "op",
+                  "prescale_factor", "postscale_factor", "name", "process_set",
+                  "ignore_name_scope"],
+    "grouped_allreduce": ["tensors", "average", "device_dense", "device_sparse", "compression",
+                          "op", "prescale_factor", "postscale_factor", "process_set",
+                          "ignore_name_scope", "name"],
+    "allgather": ["tensor", "name", "ignore_name_scope", "process_set"],
+    "broadcast": ["tensor", "root_rank", "name", "ignore_name_scope", "process_set"],
+    "broadcast_": ["variables", "root_rank", "name", "process_set"],
+    "alltoall": ["tensor", "splits", "name", "ignore_name_scope", "process_set"],
+    "reducescatter": ["tensor", "device_dense", "compression", "op", "name", "process_set",
+                      "ignore_name_scope", "prescale_factor", "postscale_factor"],
+    "grouped_reducescatter": ["tensors", "device_dense", "compression", "op", "process_set",
+                              "prescale_factor", "postscale_factor"],
+    "broadcast_variables": ["variables", "root_rank", "process_set", "inplace"],
+    "DistributedGradientTape": ["gradtape", "device_dense", "device_sparse", "compression",
+                                "sparse_as_dense", "op", "gradient_predivide_factor",
+                                "num_groups", "groups", "process_set",
+                                "scale_local_gradients"],
+    "PartialDistributedGradientTape": ["gradtape", "device_dense", "device_sparse",
+                                       "compression", "sparse_as_dense", "op",
+                                       "gradient_predivide_factor", "num_groups", "groups",
+                                       "process_set", "local_layers", "scale_local_gradients"],
+}
+KERAS_SIGNATURES = {
+    "DistributedOptimizer": ["optimizer", "name", "device_dense", "device_sparse",
+                             "compression", "sparse_as_dense", "gradient_predivide_factor",
+                             "op", "backward_passes_per_step",
+                             "average_aggregated_gradients"],
+    "PartialDistributedOptimizer": ["optimizer", "name", "device_dense", "device_sparse",
+                                    "compression", "sparse_as_dense",
+                                    "gradient_predivide_factor", "op",
+                                    "backward_passes_per_step",
+                                    "average_aggregated_gradients", "groups", "process_set",
+                                    "local_layers", "scale_local_gradients"],
+}
+
+
+def signature_checks(c):
+    for module, table in ((hvd, SIGNATURES), (khvd, KERAS_SIGNATURES)):
+        for name, want in table.items():
+            got = list(inspect.signature(getattr(module, name)).parameters)[:len(want)]
+            c.check(got == want, f"{module.__name__}.{name}{tuple(got)}, Horovod's: "
+                    f"{tuple(want)}")
+
+
 def api_checks(c):
     c.check(set(tkhvd.__all__) == set(khvd.__all__) and
             tkhvd.DistributedOptimizer is khvd.DistributedOptimizer and
@@ -36,6 +84,7 @@ def api_checks(c):
     c.check(tk_callbacks.MetricAverageCallback is khvd.callbacks.MetricAverageCallback,
             "spark_hvd.tensorflow.keras.callbacks")
     c.check(mpi_ops.allreduce is hvd.allreduce, "mpi_ops alias")
+    signature_checks(c)
     for module in (hvd, khvd, khvd.callbacks):
         for name in module.__all__:
             obj = getattr(module, name)

@@ -538,8 +538,8 @@ def local_variable_checks(c, n, rank):
                                            local_layers=[own])
     momentum_start(opt, model, rank)
     model.compile(opt, loss="mse", jit_compile=False)
-    callback = khvd.callbacks.BroadcastGlobalVariablesCallback(
-        0, local_variables=own.trainable_weights)
+    callback = khvd.callbacks.BroadcastGlobalVariablesCallback(0, local_variables=[own.kernel])
+    callback.register_local_var(own.bias)
     c.run("local/fit", model.fit, xs[rank], ys[rank], batch_size=5, epochs=1, shuffle=False,
           verbose=0, callbacks=[callback])
     for v, w in zip(model.trainable_variables, sims[rank].trainable_variables):

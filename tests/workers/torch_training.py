@@ -93,7 +93,7 @@ def optimizer_math(c, n, rank):
     """The averaged gradient equals the mean of every rank's gradient, for every option."""
     everyone = range(n)
 
-    def run(tag, kw, expect, tol=1e-12, passes=("d",)):
+    def run(tag, kw, expect, tol=1e-12, passes=("d",), set_passes=None):
         model = mlp()
         refs = {r: {} for r in everyone}
         for r in everyone:
@@ -102,6 +102,8 @@ def optimizer_math(c, n, rank):
                     refs[r][k] = refs[r].get(k, 0) + g
         opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
                                        named_parameters=model.named_parameters(), **kw)
+        if set_passes is not None:
+            opt.set_backward_passes_per_step(set_passes)
         for p_tag in passes:
             loss_of(model, rank, p_tag).backward()
         opt.synchronize()
@@ -128,6 +130,7 @@ def optimizer_math(c, n, rank):
         warnings.simplefilter("ignore", DeprecationWarning)
         run("num_groups", {"num_groups": 3}, mean)
     run("backward_passes_per_step", {"backward_passes_per_step": 2}, mean, passes=("d", "e"))
+    run("set_backward_passes_per_step", {}, mean, passes=("d", "e", "f"), set_passes=3)
 
 
 def adasum_optimizer(c, n, rank):
