@@ -28,25 +28,27 @@ def _optimizer_variables(optimizer):
     return list(variables() if callable(variables) else variables)
 
 
-def _slot_prefix(variable):
-    # Keras names the state an optimizer keeps for a variable after the variable's path
-    # (``add_variable_from_reference``: "dense/kernel" -> "dense_kernel_momentum").
-    path = getattr(variable, "path", None) or str(variable.name)
-    return path.replace("/", "_").replace(":", "_") + "_"
-
-
-def _slots_of(slots, local, everything):
-    """ids of the optimizer variables kept for the variables in ``local``: each slot belongs
-    to the variable with the longest path that prefixes its name."""
-    prefixes = sorted(((_slot_prefix(v), id(v)) for v in everything), key=lambda p: -len(p[0]))
-    local_ids = {id(v) for v in local}
-    owned = set()
-    for s in slots:
-        name = str(getattr(s, "name", ""))
-        owner = next((i for prefix, i in prefixes if name.startswith(prefix)), None)
-        if owner in local_ids:
-            owned.add(id(s))
-    return owned
+def _slot_owners(optimizer):
+    """id(optimizer variable) -> id(model variable) it keeps state for. Keras 3 optimizers
+    keep per-variable state in lists aligned with ``_trainable_variables`` (``momentums``,
+    ``_velocities``, Adafactor's ``_r``/``_c``, ...); wrappers such as LossScaleOptimizer hold
+    theirs in ``inner_optimizer``. State found nowhere else is treated as shared."""
+    owners = {}
+    opt = optimizer
+    while opt is not None:
+        variables = list(getattr(opt, "_trainable_variables", None) or [])
+        own = {id(getattr(opt, a, None)) for a in ("_iterations", "_learning_rate")}
+        for attr, value in vars(opt).items():
+            if attr in ("_variables", "_trainable_variables") or not variables or \
+                    not isinstance(value, list) or len(value) != len(variables):
+                continue
+            if not all(hasattr(s, "assign") for s in value):
+                continue
+            for slot, variable in zip(value, variables):
+                if id(slot) not in own:
+                    owners[id(slot)] = id(variable)
+        opt = getattr(opt, "inner_optimizer", None)
+    return owners
 
 
 class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
@@ -87,9 +89,8 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
         if optimizer is not None and getattr(optimizer, "built", True):
             slots = _optimizer_variables(optimizer)
             if local:
-                skipped = _slots_of(slots, [v for v in model.variables if id(v) in local],
-                                    model.variables)
-                slots = [s for s in slots if id(s) not in skipped]
+                owners = _slot_owners(optimizer)
+                slots = [s for s in slots if owners.get(id(s)) not in local]
             variables += slots
         broadcast_variables(variables, root_rank=self.root_rank)
         self.broadcast_done = True

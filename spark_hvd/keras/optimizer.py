@@ -22,8 +22,8 @@ import tensorflow as tf
 from ..common.process_sets import global_process_set
 from ..tensorflow.collectives import Average
 from ..tensorflow.compression import Compression
-from ..tensorflow.gradient_tape import (GradientAllreducer, check_args, dense_for_accumulation,
-                                        local_layer_variables)
+from ..tensorflow.gradient_tape import (GradientAllreducer, check_args, checked_local_layers,
+                                        dense_for_accumulation)
 
 
 class _State:
@@ -182,16 +182,16 @@ def PartialDistributedOptimizer(optimizer, name=None, device_dense='', device_sp
     (model parallelism: layers whose weights differ between ranks on purpose).
 
     Args:
-        local_layers: a Keras layer or a collection of them; their trainable variables are
-            registered with ``register_local_var``. None: the same as
-            ``DistributedOptimizer``.
+        local_layers: a Keras layer or a collection of them; their trainable variables (also
+            those created when the first step builds the layers) are local. None: the same
+            as ``DistributedOptimizer``.
         scale_local_gradients: divide the local gradients by the set size (Horovod's default).
 
     The other arguments are ``DistributedOptimizer``'s. Pair it with
     ``callbacks.BroadcastGlobalVariablesCallback(0, local_variables=...)`` so the local
     weights are not overwritten by the root's.
     """
-    local = local_layer_variables(local_layers)
+    layers = checked_local_layers(local_layers)
     optimizer = DistributedOptimizer(
         optimizer, name=name, device_dense=device_dense, device_sparse=device_sparse,
         compression=compression, sparse_as_dense=sparse_as_dense,
@@ -199,6 +199,5 @@ def PartialDistributedOptimizer(optimizer, name=None, device_dense='', device_sp
         backward_passes_per_step=backward_passes_per_step,
         average_aggregated_gradients=average_aggregated_gradients, groups=groups,
         process_set=process_set, scale_local_gradients=scale_local_gradients)
-    for v in local:
-        optimizer.register_local_var(v)
+    optimizer._hvd.allreducer.register_local_layers(layers)
     return optimizer

@@ -19,6 +19,8 @@ never communicated; with ``scale_local_gradients`` (the default, as in Horovod) 
 gradients are divided by the set size, so they are scaled like the averaged ones.
 """
 
+import warnings
+
 import tensorflow as tf
 
 from ..common.gradients import check_adasum_size, check_optimizer_args, form_groups, scale_factors
@@ -68,16 +70,36 @@ class GradientAllreducer:
         self.scale_local_gradients = scale_local_gradients
         # id -> variable: holding the variable keeps its id from being reused.
         self._local = {}
+        # Local layers, resolved to their variables at each call: a layer of a subclassed
+        # model has none until the first step builds it.
+        self._local_layers = []
+        self._traced = False
+
+    def _warn_if_traced(self):
+        if self._traced:
+            warnings.warn("a local variable was registered after a training step was traced: "
+                          "steps traced before (model.fit's, a tf.function's) still average "
+                          "it. Register local variables before the first step.", stacklevel=3)
 
     def register_local(self, variable):
         """Marks ``variable`` as this rank's own: its gradient is never communicated.
         Register before the first traced step (a traced function keeps what it saw)."""
         if not _is_variable_or_tensor(variable):
             raise ValueError(f"register a variable as local, got {type(variable).__name__}")
+        self._warn_if_traced()
         self._local[id(variable)] = variable
 
-    def is_local(self, variable):
-        return id(variable) in self._local
+    def register_local_layers(self, layers):
+        """Marks every trainable variable of ``layers`` as local, including variables the
+        layers create after this call (when the first step builds them)."""
+        self._warn_if_traced()
+        self._local_layers.extend(layers)
+
+    def _local_ids(self):
+        ids = set(self._local)
+        for layer in self._local_layers:
+            ids.update(id(v) for v in layer.trainable_weights)
+        return ids
 
     def _scaled_local(self, grad):
         """A local gradient divided by the set size (``scale_local_gradients``)."""
@@ -110,15 +132,18 @@ class GradientAllreducer:
         """``grads`` reduced across ranks (None entries stay None); the gradients of local
         variables stay on this rank (scaled unless ``scale_local`` is False)."""
         grads = list(grads)
+        if not tf.executing_eagerly():
+            self._traced = True
         if not self.active():
             return grads
         out = list(grads)
         variables = list(variables) if variables is not None else None
+        local = self._local_ids() if variables is not None else ()
         dense = []
         for i, g in enumerate(grads):
             if g is None:
                 continue
-            if variables is not None and self._local and self.is_local(variables[i]):
+            if local and id(variables[i]) in local:
                 out[i] = self._scaled_local(g) if scale_local else g
                 continue
             if isinstance(g, tf.IndexedSlices):
@@ -208,18 +233,18 @@ def DistributedGradientTape(gradtape, device_dense='', device_sparse='',
     return tape
 
 
-def local_layer_variables(local_layers):
-    """The trainable variables of ``local_layers`` (one Keras layer or a collection of them),
-    with Horovod's error for anything else."""
+def checked_local_layers(local_layers):
+    """``local_layers`` (one Keras layer or a collection of them) as a list, with Horovod's
+    error for anything else."""
     import keras
     if local_layers is None:
         return []
     if isinstance(local_layers, keras.layers.Layer):
-        local_layers = [local_layers]
+        return [local_layers]
     local_layers = list(local_layers)
     if not all(isinstance(layer, keras.layers.Layer) for layer in local_layers):
         raise ValueError("All local layers must be of tf.keras.layers.Layer type.")
-    return [v for layer in local_layers for v in layer.trainable_weights]
+    return local_layers
 
 
 def PartialDistributedGradientTape(gradtape, device_dense='', device_sparse='',
@@ -231,16 +256,16 @@ def PartialDistributedGradientTape(gradtape, device_dense='', device_sparse='',
     (model parallelism: layers whose weights differ between ranks on purpose).
 
     Args:
-        local_layers: a Keras layer or a collection of them; their trainable variables are
-            registered as local sources. None: the same as ``DistributedGradientTape``.
+        local_layers: a Keras layer or a collection of them; their trainable variables (also
+            those created when the first step builds the layers) are local sources. None:
+            the same as ``DistributedGradientTape``.
         scale_local_gradients: divide the local gradients by the set size (Horovod's default).
 
     The other arguments are ``DistributedGradientTape``'s.
     """
-    local = local_layer_variables(local_layers)
+    layers = checked_local_layers(local_layers)
     tape = DistributedGradientTape(gradtape, device_dense, device_sparse, compression,
                                    sparse_as_dense, op, gradient_predivide_factor, num_groups,
                                    groups, process_set, scale_local_gradients)
-    for v in local:
-        tape.register_local_source(v)
+    tape._hvd_allreducer.register_local_layers(layers)
     return tape

@@ -94,6 +94,45 @@ def api_checks(c):
     c.check(not hvd.mpi_built() and hvd.gloo_built() and not hvd.nccl_built(), "built flags")
 
 
+def local_state_checks(c):
+    """BroadcastGlobalVariablesCallback(local_variables=) leaves the optimizer state of local
+    variables alone: which state belongs to which variable, for optimizers that name it in
+    different ways, wrappers, and two towers whose variables have the same paths."""
+    import warnings
+    from spark_hvd.keras.callbacks import _optimizer_variables, _slot_owners
+
+    def tower(name):
+        x = keras.Input((5,))
+        return keras.Model(x, keras.layers.Dense(3, name="hidden")(x), name=name)
+    x = keras.Input((5,))
+    a, b = tower("a"), tower("b")
+    model = keras.Model(x, keras.layers.Add()([a(x), b(x)]))
+    for make, per_variable in ((keras.optimizers.Adafactor, 3),
+                               (lambda: keras.optimizers.Adam(use_ema=True), 3),
+                               (lambda: keras.optimizers.SGD(momentum=0.9), 1),
+                               (lambda: keras.optimizers.LossScaleOptimizer(
+                                   keras.optimizers.Adam()), 2)):
+        opt = make()
+        opt.build(model.trainable_variables)
+        owners = _slot_owners(opt)
+        for local, other in ((b, a), (a, b)):
+            ids = {id(v) for v in local.trainable_variables}
+            mine = [s for s in _optimizer_variables(opt) if owners.get(id(s)) in ids]
+            c.check(len(mine) == per_variable * len(local.trainable_variables),
+                    f"local state of {type(opt).__name__} for tower {local.name}: "
+                    f"{[s.name for s in mine]}")
+            c.check(not any(owners.get(id(s)) in {id(v) for v in other.trainable_variables}
+                            for s in mine), "state attributed to the other tower")
+    # registering a local variable after a step was traced warns (the trace keeps averaging)
+    v = tf.Variable([1.0])
+    opt = khvd.DistributedOptimizer(keras.optimizers.SGD(0.1))
+    tf.function(lambda: opt.apply([tf.ones([1])], [v]))()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        opt.register_local_var(v)
+    c.check(any("traced" in str(w.message) for w in caught), "no warning after tracing")
+
+
 def main():
     c = Checks(0)
     c.raises("before init", ValueError, hvd.allreduce, tf.ones([2]), match="init")
@@ -101,6 +140,7 @@ def main():
     c.check(hvd.is_initialized() and hvd.size() == 1 and hvd.rank() == 0 and
             hvd.local_rank() == 0, "size-1 topology")
     api_checks(c)
+    c.run("local_state_checks", local_state_checks, c)
     x = tf.constant([[1.5, 2.0]])
     c.check(np.array_equal(hvd.allreduce(x).numpy(), x.numpy()), "allreduce identity")
     c.check(np.array_equal(hvd.allgather(x).numpy(), x.numpy()), "allgather identity")

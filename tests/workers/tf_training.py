@@ -478,6 +478,41 @@ def local_variable_checks(c, n, rank):
             for i, g in enumerate(got or []):
                 c.check(close(g.numpy(), want[i], 1e-6), f"{t}/{i}: off by "
                         f"{np.abs(g.numpy() - want[i]).max()}")
+    # a subclassed model whose local layer only gets its variables in the first step
+    class TwoLayers(keras.Model):
+        def __init__(self):
+            super().__init__()
+            self.shared = keras.layers.Dense(3, activation="tanh", name="shared")
+            self.own = keras.layers.Dense(2, name="own")
+
+        def call(self, x):
+            return self.own(self.shared(x))
+
+    sub = TwoLayers()
+    tape_layers = [sub.own]  # not built yet: no variables
+
+    def sub_step():
+        x, y = batch(rank, "tape")
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum((sub(x) - y) ** 2)
+        tape = hvd.PartialDistributedGradientTape(tape, local_layers=tape_layers)
+        return tape.gradient(loss, sub.trainable_variables)
+    got = c.run("local/tape/unbuilt", sub_step)
+    if got:
+        weights = [v.numpy() for v in sub.trainable_variables]
+        gathered = hvd.allgather_object([g.numpy() for g in got])
+        # the ranks' weights differ (unseeded), so the own layer is checked against this
+        # rank's plain gradients and the shared one for being the same everywhere
+        with tf.GradientTape() as tape:
+            x, y = batch(rank, "tape")
+            loss = tf.reduce_sum((sub(x) - y) ** 2)
+        own_grads = [g.numpy() for g in tape.gradient(loss, sub.trainable_variables)]
+        c.check(len(weights) == 4 and close(got[2].numpy(), own_grads[2] / n, 1e-6) and
+                close(got[3].numpy(), own_grads[3] / n, 1e-6),
+                "local/tape/unbuilt: the own layer's gradients were averaged")
+        if n > 1:
+            c.check(np.array_equal(gathered[0][0], gathered[1][0]),
+                    "local/tape/unbuilt: the shared layer's gradients differ between ranks")
     c.raises("local/tape/not_a_layer", ValueError, hvd.PartialDistributedGradientTape,
              tf.GradientTape(), local_layers=[own, own.kernel], match="tf.keras.layers.Layer")
     c.raises("local/optimizer/not_a_layer", ValueError, khvd.PartialDistributedOptimizer,
