@@ -120,7 +120,22 @@ def test_pipeline_save_load_keeps_params_and_predictions(spark, regression_df, t
 def test_same_seed_same_weights_and_lr_scaling(spark, regression_df, tmp_path):
     store = Store.create(str(tmp_path / "store"))
     first = make_estimator(store, epochs=1).fit(regression_df)
-    second = make_estimator(store, epochs=1).fit(regression_df)   # reuses the shards too
+    # reuses the shards too; through a backend with Horovod's interface, which only has
+    # num_processes() and run(fn, args, kwargs, env)
+    calls = []
+
+    class HorovodStyleBackend:
+        def num_processes(self):
+            return 2
+
+        def run(self, fn, args=(), kwargs={}, env=None):
+            import spark_hvd.spark
+            calls.append(sorted(env or {}))
+            return spark_hvd.spark.run(fn, args=args, kwargs=kwargs, num_proc=2, env=env)
+
+    second = make_estimator(store, epochs=1, num_proc=None, backend=HorovodStyleBackend(),
+                            env={"HVD_STYLE_BACKEND": "1"}).fit(regression_df)
+    assert calls == [["HVD_STYLE_BACKEND"]]
     assert first.getRunId() != second.getRunId()
     np.testing.assert_array_equal(weights(first), weights(second))
     scaled = make_estimator(store, epochs=1, scale_learning_rate=True).fit(regression_df)

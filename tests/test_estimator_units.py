@@ -62,7 +62,25 @@ def test_param_accessors_and_unknown_keywords():
     assert est.getScaleLearningRate() is False and est.getReader() == "arrow"
     with pytest.raises(TypeError, match="unknown parameter.*'batchsize'"):
         TorchEstimator(batchsize=7)
+    # Horovod's spellings of some accessors
+    assert est.setShufflingBufferSize(100) is est and est.getShuffleBufferSize() == 100
+    assert est.setTrainReaderNumWorker(3).getTrainReaderNumWorkers() == 3
+    assert est.setValReaderNumWorker(4).getValReaderNumWorker() == 4
+    assert est.setInMemoryCacheAll(True).getInmemoryCacheAll() is True
+    assert est.getFeatureColumns() == ["x"]
+    from spark_hvd.estimators import TorchModel
+    model = TorchModel(feature_cols=["a"])
+    assert model.setLabelColoumns(["y"]).getLabelColumns() == ["y"] == model.getLabelCols()
     assert torch is not None
+
+
+def test_spark_backend_arguments():
+    from spark_hvd.estimators import SparkBackend
+    backend = SparkBackend(num_proc=3, prefix_output_with_timestamp=True)
+    assert backend.num_processes() == 3
+    assert backend.run_kwargs == {"prefix_output_with_timestamp": True}
+    with pytest.raises(TypeError, match="unknown argument.*'num_procs'"):
+        SparkBackend(num_procs=2)
 
 
 def test_reshape_batch():
@@ -82,3 +100,20 @@ def test_arrow_to_numpy():
         arrow_to_numpy(pa.array([[1.0, 2.0], [3.0, 4.0]]), [3], "float32", "v")
     with pytest.raises(ValueError, match="'v' has null values inside"):
         arrow_to_numpy(pa.array([[1.0, None], [3.0, 4.0]]), [2], "float32", "v")
+
+
+def test_torch_loss_is_horovods():
+    """Several labels: weighted by loss_weights, by default their mean; sample weights: the
+    batch mean of each row's loss times its weight (Horovod's formulas)."""
+    torch = pytest.importorskip("torch")
+    from spark_hvd.estimators._torch_remote import _make_loss
+    mse = torch.nn.functional.mse_loss
+    out = [torch.tensor([[1.0], [2.0]]), torch.tensor([[0.0], [4.0]])]
+    lab = [torch.tensor([[0.0], [0.0]]), torch.tensor([[1.0], [1.0]])]
+    first, second = (1 + 4) / 2, (1 + 9) / 2
+    assert float(_make_loss([mse, mse], None)(out, lab)) == pytest.approx((first + second) / 2)
+    assert float(_make_loss([mse, mse], [1.0, 0.5])(out, lab)) == \
+        pytest.approx(first + 0.5 * second)
+    w = torch.tensor([1.0, 3.0])
+    got = float(_make_loss([mse], None)(out[:1], lab[:1], w))
+    assert got == pytest.approx((1 * 1.0 + 4 * 3.0) / 2)

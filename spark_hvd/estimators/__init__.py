@@ -16,6 +16,10 @@ is fitted again), trains on Spark barrier tasks with ``spark_hvd.spark.run`` (on
 task, each reading its own shards), checkpoints every epoch under ``runs/<run_id>/`` and
 returns a Model holding the trained weights and the per-epoch history.
 
+``SparkBackend(num_proc, env, **spark.run arguments)`` runs the ranks; any object with
+Horovod's backend interface (``num_processes()``, ``run(fn, args, kwargs, env)``) may stand in
+for it as ``backend=``.
+
 Modules: ``store`` (Store, LocalStore, HDFSStore, FilesystemStore), ``loader`` (the shard
 reader every rank trains from), ``torch`` (TorchEstimator, TorchModel), ``keras``
 (KerasEstimator, KerasModel).
@@ -26,7 +30,7 @@ import importlib
 _EXPORTS = {
     "Store": "store", "LocalStore": "store", "HDFSStore": "store", "FilesystemStore": "store",
     "TorchEstimator": "torch", "TorchModel": "torch",
-    "KerasEstimator": "keras", "KerasModel": "keras",
+    "KerasEstimator": "keras", "KerasModel": "keras", "SparkBackend": "_base",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -26,13 +26,23 @@ class SparkBackend:
         start_timeout: seconds to wait for the tasks and the ranks to start.
         nics: network interfaces for the ranks' connections.
         spark: the SparkSession (default: the DataFrame's).
+        **kwargs: any other argument of ``spark_hvd.spark.run`` (as Horovod's SparkBackend
+            passes them on), e.g. ``prefix_output_with_timestamp``.
     """
 
     def __init__(self, num_proc=None, env=None, stdout=None, stderr=None, verbose=1,
-                 start_timeout=None, nics=None, spark=None):
+                 start_timeout=None, nics=None, spark=None, **kwargs):
+        import inspect
+        import spark_hvd.spark
+        known = set(inspect.signature(spark_hvd.spark.run).parameters) - {"fn", "args", "kwargs"}
+        unknown = sorted(set(kwargs) - known)
+        if unknown:
+            raise TypeError(f"SparkBackend got unknown argument(s) {unknown}; it passes "
+                            f"spark_hvd.spark.run's on: {sorted(known)}")
         self.num_proc, self.env, self.stdout, self.stderr = num_proc, env, stdout, stderr
         self.verbose, self.start_timeout, self.nics, self.spark = (verbose, start_timeout, nics,
                                                                    spark)
+        self.run_kwargs = kwargs
 
     def num_processes(self, spark=None) -> int:
         """The number of ranks ``run`` starts."""
@@ -50,12 +60,27 @@ class SparkBackend:
             fn, args=args, kwargs=kwargs, num_proc=self.num_processes(spark), env=merged,
             stdout=stdout if stdout is not None else self.stdout, stderr=self.stderr,
             verbose=self.verbose, start_timeout=self.start_timeout, nics=self.nics,
-            spark=self.spark or spark)
+            spark=self.spark or spark, **self.run_kwargs)
 
     def __getstate__(self):  # the session and streams stay on the driver
         state = dict(self.__dict__)
         state.update(spark=None, stdout=None, stderr=None)
         return state
+
+
+def run_on(backend, fn, args, env, spark, stdout):
+    """Runs ``fn`` through ``backend``: a SparkBackend (the session and the progress sink go
+    along), or any object with Horovod's backend interface, ``num_processes()`` and
+    ``run(fn, args=(), kwargs=None, env=None)``."""
+    if isinstance(backend, SparkBackend):
+        return backend.run(fn, args=args, env=env, stdout=stdout, spark=spark)
+    return backend.run(fn, args=args, kwargs={}, env=env)
+
+
+def num_processes_of(backend, spark) -> int:
+    if isinstance(backend, SparkBackend):
+        return backend.num_processes(spark)
+    return int(backend.num_processes())
 
 
 def new_run_id(prefix: str) -> str:
@@ -79,7 +104,7 @@ class DistributedEstimator(Estimator, Persistable):
         self._check_params(df)
         spark = df.sparkSession
         backend = self.getBackend() or SparkBackend(num_proc=self.getNumProc())
-        num_proc = backend.num_processes(spark)
+        num_proc = num_processes_of(backend, spark)
         store = self.getStore()
         verbose = self.getVerbose()
         seed = self.getRandomSeed()
@@ -97,8 +122,8 @@ class DistributedEstimator(Estimator, Persistable):
         sink = ProgressSink(getattr(backend, "stdout", None), verbose)
         env = dict(self.getEnv() or {})
         try:
-            results = backend.run(self._remote_trainer(), args=(config, resume), env=env,
-                                  stdout=sink, spark=spark)
+            results = run_on(backend, self._remote_trainer(), (config, resume), env, spark,
+                             sink)
         finally:
             sink.close()
         return self._create_model(results[0], metadata, run_id)

@@ -106,9 +106,22 @@ COMMON_MODEL_PARAMS = {
 }
 
 
+# Horovod's spellings of some accessors (``setShufflingBufferSize``, ...) -> our Param names.
+HOROVOD_ACCESSORS = {
+    "ShufflingBufferSize": "shuffle_buffer_size",
+    "TrainReaderNumWorker": "train_reader_num_workers",
+    "ValReaderNumWorker": "val_reader_num_workers",
+    "InMemoryCacheAll": "inmemory_cache_all",
+    "FeatureColumns": "feature_cols",
+    "LabelColumns": "label_cols",
+    "LabelColoumns": "label_cols",  # sic: Horovod's model setter is setLabelColoumns
+}
+
+
 def declare(cls, params: dict):
-    """Adds ``params`` to the Params class ``cls`` with ``getX``/``setX`` accessors, and records
-    their defaults in ``cls._param_defaults``."""
+    """Adds ``params`` to the Params class ``cls`` with ``getX``/``setX`` accessors (and
+    Horovod's spelling where it differs), and records their defaults in
+    ``cls._param_defaults``."""
     defaults = dict(getattr(cls, "_param_defaults", {}))
     for name, (doc, converter, default) in params.items():
         setattr(cls, name, _param(name, doc, converter))
@@ -118,6 +131,11 @@ def declare(cls, params: dict):
             setattr(cls, "get" + camel, _getter(name))
         if not hasattr(cls, "set" + camel):
             setattr(cls, "set" + camel, _setter(name))
+    for alias, name in HOROVOD_ACCESSORS.items():
+        if name in params:
+            for prefix, make in (("get", _getter), ("set", _setter)):
+                if not hasattr(cls, prefix + alias):
+                    setattr(cls, prefix + alias, make(name))
     cls._param_defaults = defaults
     return cls
 

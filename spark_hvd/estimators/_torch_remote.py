@@ -87,7 +87,12 @@ def _unreduced(loss_fn):
 
 
 def _make_loss(loss_fns, loss_weights):
-    weights = list(loss_weights) if loss_weights is not None else [1.0] * len(loss_fns)
+    """The training loss, Horovod's way: the losses of several labels weighted by
+    ``loss_weights`` (default: 1/number of labels, their mean); with sample weights each row's
+    loss is multiplied by its weight and the batch's mean taken (not a weighted average: a
+    row's weight then counts the same whichever batch it falls in)."""
+    weights = list(loss_weights) if loss_weights is not None else \
+        [1.0 / len(loss_fns)] * len(loss_fns)
     if len(weights) != len(loss_fns):
         raise ValueError(f"loss_weights has {len(weights)} entries for {len(loss_fns)} losses")
     unreduced = [None] * len(loss_fns)
@@ -104,7 +109,7 @@ def _make_loss(loss_fns, loss_weights):
                 if unreduced[i] is None:
                     unreduced[i] = _unreduced(fn)
                 rows = unreduced[i](out, label).reshape(len(sample_weights), -1).mean(dim=1)
-                value = (rows * sample_weights).sum() / sample_weights.sum()
+                value = (rows * sample_weights).mean()
             total = total + w * value
         return total
     return loss

@@ -65,7 +65,9 @@ class TorchEstimator(DistributedEstimator):
     ``forward`` takes one tensor per feature column (reshaped by ``input_shapes``);
     ``optimizer`` a ``torch.optim.Optimizer`` built on its parameters; ``loss`` a function
     ``loss(output, label)`` (e.g. ``torch.nn.functional.mse_loss``) or ``nn.Module`` loss, or
-    a list of them for several labels (combined with ``loss_weights``); ``metrics`` functions
+    a list of them for several labels (weighted by ``loss_weights``, default 1/number of
+    labels, as in Horovod; with ``sample_weight_col`` the batch loss is the mean of each row's
+    loss times its weight, Horovod's formula); ``metrics`` functions
     ``metric(output, label) -> tensor``; ``callbacks`` objects with any of the methods
     ``on_train_begin(model=, optimizer=)``, ``on_epoch_begin(epoch)``,
     ``on_epoch_end(epoch, metrics)`` (the rank-averaged metrics) and ``on_train_end()``, called
