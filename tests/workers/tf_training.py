@@ -513,6 +513,34 @@ def local_variable_checks(c, n, rank):
         if n > 1:
             c.check(np.array_equal(gathered[0][0], gathered[1][0]),
                     "local/tape/unbuilt: the shared layer's gradients differ between ranks")
+    # a local embedding: its tf.IndexedSlices gradient stays sparse and is scaled
+    emb = tf.Variable(np.ones((4, 2), np.float32))
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(tf.gather(emb, [rank % 4, 3]) * float(rank + 1))
+    tape = hvd.DistributedGradientTape(tape)
+    tape.register_local_source(emb)
+    got = c.run("local/tape/sparse", tape.gradient, loss, [emb])
+    if got:
+        c.check(isinstance(got[0], tf.IndexedSlices) and
+                close(got[0].values.numpy(), np.full((2, 2), (rank + 1) / n)) and
+                got[0].indices.numpy().tolist() == [rank % 4, 3],
+                f"local/tape/sparse: {got[0]}")
+    # Keras optimizer with backward_passes_per_step=2, traced: nothing moves on the first
+    # pass; the second applies the averaged sum for the shared variable and this rank's sum
+    # divided by the set size for the local one
+    va, vb = tf.Variable(np.zeros(2, np.float32)), tf.Variable(np.zeros(2, np.float32))
+    acc_opt = khvd.DistributedOptimizer(keras.optimizers.SGD(1.0), backward_passes_per_step=2)
+    acc_opt.register_local_var(vb)
+    acc_step = tf.function(lambda ga, gb: acc_opt.apply([ga, gb], [va, vb]))
+    for p in range(2):
+        c.run(f"local/passes/{p}", acc_step, tf.constant([1.0, float(rank + p)]),
+              tf.constant([float(rank + 1), float(p)]))
+        if p == 0:
+            c.check(close(va.numpy(), [0, 0]) and close(vb.numpy(), [0, 0]),
+                    f"local/passes: moved after one pass {va.numpy()} {vb.numpy()}")
+    c.check(close(va.numpy(), [-2.0, -float(n)]) and
+            close(vb.numpy(), [-2.0 * (rank + 1) / n, -1.0 / n]),
+            f"local/passes: {va.numpy()} {vb.numpy()}")
     c.raises("local/tape/not_a_layer", ValueError, hvd.PartialDistributedGradientTape,
              tf.GradientTape(), local_layers=[own, own.kernel], match="tf.keras.layers.Layer")
     c.raises("local/optimizer/not_a_layer", ValueError, khvd.PartialDistributedOptimizer,
