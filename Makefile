@@ -3,7 +3,7 @@ VENV    := .venv
 PY      := $(VENV)/bin/python
 RUN     := $(VENV)/bin/spark-hvd-run
 NP      ?= 2
-PYTEST  := $(PY) -m pytest tests -v --timeout=600 -p no:cacheprovider
+PYTEST  := $(PY) -m pytest tests -v --timeout=600 -p no:cacheprovider --durations=30
 PYTEST_ARGS ?=
 
 .PHONY: all setup build build-debug demo test test-fast test-slow bench clean distclean
