@@ -38,13 +38,12 @@ def _slot_owners(optimizer):
     while opt is not None:
         variables = list(getattr(opt, "_trainable_variables", None) or [])
         own = {id(getattr(opt, a, None)) for a in ("_iterations", "_learning_rate")}
-        for attr, value in vars(opt).items():
-            if attr in ("_variables", "_trainable_variables") or not variables or \
-                    not isinstance(value, list) or len(value) != len(variables):
-                continue
-            if not all(hasattr(s, "assign") for s in value):
-                continue
-            for slot, variable in zip(value, variables):
+        per_variable = [value for attr, value in vars(opt).items()
+                        if variables and attr not in ("_variables", "_trainable_variables")
+                        and isinstance(value, list) and len(value) == len(variables)
+                        and all(hasattr(s, "assign") for s in value)]
+        for slots in per_variable:
+            for slot, variable in zip(slots, variables):
                 if id(slot) not in own:
                     owners[id(slot)] = id(variable)
         opt = getattr(opt, "inner_optimizer", None)

@@ -25,9 +25,9 @@ import ``spark_hvd.keras`` (also reachable as ``spark_hvd.tensorflow.keras``).
 
 Modules: ``collectives`` (the ops as TF kernels, eager and in graphs; join, barrier),
 ``differentiable`` (the public ops with gradients), ``functions`` (broadcast of variables and
-objects), ``gradient_tape`` (DistributedGradientTape, PartialDistributedGradientTape), ``optimizer`` (DistributedOptimizer,
-tf.compat.v1 hooks), ``compression``, ``sync_batch_norm``; ``mpi_ops`` is kept as an alias for
-scripts that import it.
+objects), ``gradient_tape`` (DistributedGradientTape, PartialDistributedGradientTape),
+``optimizer`` (DistributedOptimizer, tf.compat.v1 hooks), ``compression``,
+``sync_batch_norm``; ``mpi_ops`` is kept as an alias for scripts that import it.
 """
 
 import tensorflow as tf
@@ -87,14 +87,14 @@ __all__ = [
     "Adasum", "Average", "BroadcastGlobalVariablesHook", "CollectiveError", "Compression",
     "DistributedGradientTape", "DistributedOptimizer", "HorovodInternalError",
     "HostsUpdatedInterrupt", "Max", "Min", "PartialDistributedGradientTape", "ProcessSet",
-    "Product", "Sum",
-    "SyncBatchNormalization", "add_process_set", "allgather", "allgather_object", "allreduce",
-    "alltoall", "barrier", "broadcast", "broadcast_", "broadcast_global_variables", "broadcast_object",
-    "broadcast_object_fn", "broadcast_variables", "ccl_built", "cross_rank", "cross_size",
-    "cuda_built", "ddl_built", "gloo_built", "gloo_enabled", "global_process_set",
-    "grouped_allgather", "grouped_allreduce", "grouped_reducescatter", "init",
-    "is_homogeneous", "is_initialized", "join", "local_rank", "local_rank_op", "local_size",
-    "local_size_op", "mpi_built", "mpi_enabled", "mpi_threads_supported", "nccl_built",
-    "process_set_included_op", "rank", "rank_op", "reducescatter", "remove_process_set",
-    "rocm_built", "shutdown", "size", "size_op", "start_timeline", "stop_timeline",
+    "Product", "Sum", "SyncBatchNormalization", "add_process_set", "allgather",
+    "allgather_object", "allreduce", "alltoall", "barrier", "broadcast", "broadcast_",
+    "broadcast_global_variables", "broadcast_object", "broadcast_object_fn",
+    "broadcast_variables", "ccl_built", "cross_rank", "cross_size", "cuda_built", "ddl_built",
+    "gloo_built", "gloo_enabled", "global_process_set", "grouped_allgather",
+    "grouped_allreduce", "grouped_reducescatter", "init", "is_homogeneous", "is_initialized",
+    "join", "local_rank", "local_rank_op", "local_size", "local_size_op", "mpi_built",
+    "mpi_enabled", "mpi_threads_supported", "nccl_built", "process_set_included_op", "rank",
+    "rank_op", "reducescatter", "remove_process_set", "rocm_built", "shutdown", "size",
+    "size_op", "start_timeline", "stop_timeline",
 ]
