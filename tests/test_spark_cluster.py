@@ -2,8 +2,8 @@
 
 - ``local-cluster[2,1,1024]``: two executor JVMs of one core each.
 - A real standalone cluster, master and two workers of two cores on 127.0.0.1, started here
-  with Spark's ``sbin/spark-daemon.sh`` and stopped at the end of the test whatever happens:
-  four ranks, two per executor (local_size 2, cross_size 2).
+  with Spark's ``sbin/spark-daemon.sh`` once for the module's last two tests and stopped after
+  them whatever happens: four ranks, two per executor (local_size 2, cross_size 2).
 - The documented example, ``spark-submit --master local[2] examples/spark/torch_run.py``.
 - The TorchEstimator example with ``python`` and through spark-submit on the standalone cluster.
 
@@ -71,8 +71,6 @@ def _run(args, env, timeout, cwd=REPO) -> subprocess.CompletedProcess:
         out, err = proc.communicate()
         pytest.fail(f"{args} did not finish in {timeout} s\n{out[-5000:]}\n{err[-5000:]}")
     return subprocess.CompletedProcess(args, proc.returncode, out, err)
-
-
 
 
 def _check_job(result: subprocess.CompletedProcess, report_path: Path, pid_dir: Path,
@@ -174,26 +172,6 @@ class StandaloneCluster:
                          for f in sorted((self.tmp / "logs").glob("*")))
 
 
-def test_standalone_cluster_from_spark_submit(tmp_path):
-    cluster = StandaloneCluster(tmp_path)
-    try:
-        cluster.start()
-        pid_dir = tmp_path / "rank_pids"
-        pid_dir.mkdir()
-        report_path = tmp_path / "report.json"
-        args = _submit_args(cluster.url, tmp_path, "spark.executor.cores=2",
-                            "spark.cores.max=4", "spark.executor.memory=512m")
-        result = _run(args + [JOB, report_path, 4, pid_dir], cluster.env, timeout=300)
-        try:
-            _check_job(result, report_path, pid_dir, executors=2, per_executor=2)
-        except AssertionError:
-            print(cluster.logs())
-            raise
-    finally:
-        cluster.stop()
-    assert alive_pids(cluster.pids(), timeout=1) == []
-
-
 def test_torch_example_with_spark_submit_local(tmp_path):
     pytest.importorskip("torch")
     pytest.importorskip("spark_hvd.torch")
@@ -228,20 +206,41 @@ def test_torch_estimator_example_with_python(tmp_path):
     _check_estimator_example(result)
 
 
-def test_torch_estimator_example_on_a_standalone_cluster(tmp_path):
-    pytest.importorskip("torch")
-    cluster = StandaloneCluster(tmp_path)
+@pytest.fixture(scope="module")
+def standalone(tmp_path_factory):
+    """One standalone cluster for this module's applications (starting one costs ~20 s of the
+    two cores); stopped at the end whatever happens, and checked to leave no JVM behind."""
+    cluster = StandaloneCluster(tmp_path_factory.mktemp("standalone"))
     try:
         cluster.start()
-        args = _submit_args(cluster.url, tmp_path, "spark.executor.cores=1", "spark.cores.max=2",
-                            "spark.executor.memory=512m")
-        result = _run(args + [ESTIMATOR_EXAMPLE, "--rows", "3000", "--epochs", "2", "--store",
-                              tmp_path / "store"], cluster.env, timeout=360)
-        try:
-            _check_estimator_example(result)
-        except AssertionError:
-            print(cluster.logs())
-            raise
+        yield cluster
     finally:
         cluster.stop()
     assert alive_pids(cluster.pids(), timeout=1) == []
+
+
+def test_standalone_cluster_from_spark_submit(standalone, tmp_path):
+    pid_dir = tmp_path / "rank_pids"
+    pid_dir.mkdir()
+    report_path = tmp_path / "report.json"
+    args = _submit_args(standalone.url, tmp_path, "spark.executor.cores=2",
+                        "spark.cores.max=4", "spark.executor.memory=512m")
+    result = _run(args + [JOB, report_path, 4, pid_dir], standalone.env, timeout=300)
+    try:
+        _check_job(result, report_path, pid_dir, executors=2, per_executor=2)
+    except AssertionError:
+        print(standalone.logs())
+        raise
+
+
+def test_torch_estimator_example_on_a_standalone_cluster(standalone, tmp_path):
+    pytest.importorskip("torch")
+    args = _submit_args(standalone.url, tmp_path, "spark.executor.cores=1", "spark.cores.max=2",
+                        "spark.executor.memory=512m")
+    result = _run(args + [ESTIMATOR_EXAMPLE, "--rows", "3000", "--epochs", "2", "--store",
+                          tmp_path / "store"], standalone.env, timeout=360)
+    try:
+        _check_estimator_example(result)
+    except AssertionError:
+        print(standalone.logs())
+        raise
