@@ -13,7 +13,8 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import pytest
 
-from spark_hvd.estimators.store import FilesystemStore, HDFSStore, LocalStore, Store
+from spark_hvd.estimators.store import (DBFSLocalStore, FilesystemStore, HDFSStore, LocalStore,
+                                        Store)
 
 
 @pytest.fixture(params=["local", "memory", "fsspec-file"])
@@ -185,3 +186,48 @@ def test_hdfs_store_paths(monkeypatch):
     assert pickle.loads(pickle.dumps(s)) == s
     with pytest.raises(ValueError):
         HDFSStore("/not/hdfs")
+
+
+def test_dbfs_paths_need_the_databricks_mount():
+    # This machine has no /dbfs: every DBFS spelling is refused with what to use instead,
+    # rather than creating a local "dbfs:" directory or a /dbfs tree outside Databricks.
+    assert not os.path.isdir("/dbfs")
+    for path in ("dbfs:/ml/store", "/dbfs/ml/store", "file:/dbfs/ml/store",
+                 "file:///dbfs/ml/store"):
+        with pytest.raises(ValueError, match=r"DBFS mount /dbfs is missing.*hdfs://"):
+            Store.create(path)
+    with pytest.raises(ValueError, match="not a DBFS path"):
+        DBFSLocalStore("/tmp/store")
+
+
+def test_dbfs_store_maps_every_spelling_to_the_mount(tmp_path):
+    class MountedHere(DBFSLocalStore):  # the mount's location is the only thing moved
+        MOUNT = str(tmp_path / "dbfs")
+
+    os.makedirs(MountedHere.MOUNT)
+    root = f"{MountedHere.MOUNT}/ml/store"
+    for path in ("dbfs:/ml/store", "dbfs:/ml/store/", root, f"file:{root}", f"file://{root}"):
+        store = MountedHere(path)
+        assert store.prefix_path == root, path
+    assert MountedHere.normalize_datbricks_path("dbfs:/a/b") == f"{MountedHere.MOUNT}/a/b"
+    assert not MountedHere.matches_dbfs("dbfs://workspace/a")  # fsspec's dbfs:// protocol
+    store = MountedHere("dbfs:/ml/store")
+    store.write_text(store.join(store.get_run_path("r1"), "note.txt"), "kept")
+    assert open(f"{root}/runs/r1/note.txt").read() == "kept"
+
+
+def test_horovod_module_paths():
+    import spark_hvd.estimators as est
+    from spark_hvd.spark.common import backend, store
+    assert (store.Store, store.LocalStore, store.DBFSLocalStore, store.HDFSStore,
+            store.FilesystemStore) == (Store, LocalStore, DBFSLocalStore, HDFSStore,
+                                       FilesystemStore)
+    assert backend.SparkBackend is est.SparkBackend
+    pytest.importorskip("torch")
+    import spark_hvd.spark.torch as hvd_torch
+    assert (hvd_torch.TorchEstimator, hvd_torch.TorchModel) == (est.TorchEstimator,
+                                                                 est.TorchModel)
+    pytest.importorskip("tensorflow")
+    import spark_hvd.spark.keras as hvd_keras
+    assert (hvd_keras.KerasEstimator, hvd_keras.KerasModel) == (est.KerasEstimator,
+                                                                est.KerasModel)

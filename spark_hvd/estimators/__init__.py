@@ -20,7 +20,10 @@ returns a Model holding the trained weights and the per-epoch history.
 Horovod's backend interface (``num_processes()``, ``run(fn, args, kwargs, env)``) may stand in
 for it as ``backend=``.
 
-Modules: ``store`` (Store, LocalStore, HDFSStore, FilesystemStore), ``loader`` (the shard
+Horovod's module paths work too: ``spark_hvd.spark.torch``, ``spark_hvd.spark.keras``,
+``spark_hvd.spark.common.store`` and ``spark_hvd.spark.common.backend``.
+
+Modules: ``store`` (Store, LocalStore, DBFSLocalStore, HDFSStore, FilesystemStore), ``loader`` (the shard
 reader every rank trains from), ``torch`` (TorchEstimator, TorchModel), ``keras``
 (KerasEstimator, KerasModel).
 """
@@ -29,6 +32,7 @@ import importlib
 
 _EXPORTS = {
     "Store": "store", "LocalStore": "store", "HDFSStore": "store", "FilesystemStore": "store",
+    "DBFSLocalStore": "store",
     "TorchEstimator": "torch", "TorchModel": "torch",
     "KerasEstimator": "keras", "KerasModel": "keras", "SparkBackend": "_base",
 }

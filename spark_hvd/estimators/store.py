@@ -4,6 +4,7 @@ prefix, on a local disk, HDFS, or anything fsspec reaches (s3://, gs://, abfs://
     store = Store.create("/tmp/spark_hvd_store")   # LocalStore
     store = Store.create("hdfs://nn:8020/user/me")  # HDFSStore
     store = Store.create("s3://bucket/prefix")      # FilesystemStore (needs s3fs)
+    store = Store.create("dbfs:/ml/store")          # DBFSLocalStore: /dbfs/ml/store (Databricks)
 
 Layout under the prefix::
 
@@ -33,7 +34,7 @@ import subprocess
 import uuid
 from urllib.parse import urlparse
 
-__all__ = ["Store", "LocalStore", "HDFSStore", "FilesystemStore"]
+__all__ = ["Store", "LocalStore", "DBFSLocalStore", "HDFSStore", "FilesystemStore"]
 
 DATA_DIR = "intermediate"
 RUNS_DIR = "runs"
@@ -76,10 +77,14 @@ class Store:
     def create(prefix_path: str, **kwargs) -> "Store":
         """The Store for ``prefix_path``, chosen by its scheme.
 
-        No scheme or ``file://`` → :class:`LocalStore`; ``hdfs://`` → :class:`HDFSStore`;
+        ``dbfs:/...`` or a path under ``/dbfs`` → :class:`DBFSLocalStore` (Databricks' local DBFS
+        mount, as in Horovod); any other path or ``file://`` → :class:`LocalStore`;
+        ``hdfs://`` → :class:`HDFSStore`;
         anything else → :class:`FilesystemStore` (fsspec). ``kwargs`` go to that class
         (for fsspec: the filesystem's storage options, e.g. ``key=``/``secret=`` for s3).
         """
+        if DBFSLocalStore.matches_dbfs(prefix_path):
+            return DBFSLocalStore(prefix_path, **kwargs)
         scheme = _scheme(prefix_path)
         if scheme in ("", "file"):
             return LocalStore(prefix_path, **kwargs)
@@ -329,6 +334,50 @@ class LocalStore(Store):
             shutil.rmtree(target)
         elif os.path.lexists(target):
             os.remove(target)
+
+
+class DBFSLocalStore(LocalStore):
+    """A LocalStore on Databricks' DBFS through its local mount, ``/dbfs`` (as Horovod's).
+
+    ``prefix_path`` may be ``dbfs:/p``, ``/dbfs/p``, ``file:/dbfs/p`` or ``file:///dbfs/p``:
+    all mean ``/dbfs/p``, which every Databricks driver and executor sees. Raises ValueError
+    for a path outside ``/dbfs`` and where the mount is missing (not on Databricks: use a
+    shared directory, ``hdfs://`` or an fsspec URL such as ``s3://`` instead).
+    """
+
+    MOUNT = "/dbfs"
+
+    def __init__(self, prefix_path: str):
+        path = self.normalize_databricks_path(prefix_path)
+        if not (path + "/").startswith(self.MOUNT + "/"):
+            raise ValueError(f"DBFSLocalStore({prefix_path!r}): not a DBFS path; give dbfs:/..., "
+                             f"{self.MOUNT}/..., file:{self.MOUNT}/... or file://{self.MOUNT}/...")
+        if not os.path.isdir(self.MOUNT):
+            raise ValueError(f"DBFSLocalStore({prefix_path!r}): the DBFS mount {self.MOUNT} is "
+                             "missing on this machine (it exists on Databricks); use a shared "
+                             "directory, hdfs:// or an fsspec URL (s3://, abfs://, ...) instead")
+        super().__init__(path)
+
+    @classmethod
+    def matches_dbfs(cls, path: str) -> bool:
+        """Whether ``path`` names a DBFS location (``dbfs:/...`` or under the mount)."""
+        return ((path.startswith("dbfs:/") and not path.startswith("dbfs://"))
+                or path.startswith(cls.MOUNT + "/")
+                or path.startswith(f"file:{cls.MOUNT}/")
+                or path.startswith(f"file://{cls.MOUNT}/"))
+
+    @classmethod
+    def normalize_databricks_path(cls, path: str) -> str:
+        """``path`` as a path under the local mount: ``dbfs:/p`` → ``/dbfs/p``."""
+        if path.startswith("dbfs:/") and not path.startswith("dbfs://"):
+            return cls.MOUNT + "/" + path[len("dbfs:/"):].lstrip("/")
+        for prefix in (f"file://{cls.MOUNT}/", f"file:{cls.MOUNT}/"):
+            if path.startswith(prefix):
+                return cls.MOUNT + "/" + path[len(prefix):]
+        return path
+
+    # Horovod's spelling of the same method.
+    normalize_datbricks_path = normalize_databricks_path
 
 
 class HDFSStore(Store):
