@@ -191,7 +191,8 @@ def test_hdfs_store_paths(monkeypatch):
 def test_dbfs_paths_need_the_databricks_mount():
     # This machine has no /dbfs: every DBFS spelling is refused with what to use instead,
     # rather than creating a local "dbfs:" directory or a /dbfs tree outside Databricks.
-    assert not os.path.isdir("/dbfs")
+    if os.path.isdir("/dbfs"):
+        pytest.skip("this machine has a /dbfs mount")
     for path in ("dbfs:/ml/store", "/dbfs/ml/store", "file:/dbfs/ml/store",
                  "file:///dbfs/ml/store"):
         with pytest.raises(ValueError, match=r"DBFS mount /dbfs is missing.*hdfs://"):

@@ -23,9 +23,9 @@ for it as ``backend=``.
 Horovod's module paths work too: ``spark_hvd.spark.torch``, ``spark_hvd.spark.keras``,
 ``spark_hvd.spark.common.store`` and ``spark_hvd.spark.common.backend``.
 
-Modules: ``store`` (Store, LocalStore, DBFSLocalStore, HDFSStore, FilesystemStore), ``loader`` (the shard
-reader every rank trains from), ``torch`` (TorchEstimator, TorchModel), ``keras``
-(KerasEstimator, KerasModel).
+Modules: ``store`` (Store, LocalStore, DBFSLocalStore, HDFSStore, FilesystemStore),
+``loader`` (the shard reader every rank trains from), ``torch`` (TorchEstimator, TorchModel),
+``keras`` (KerasEstimator, KerasModel).
 """
 
 import importlib

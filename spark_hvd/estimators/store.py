@@ -361,10 +361,7 @@ class DBFSLocalStore(LocalStore):
     @classmethod
     def matches_dbfs(cls, path: str) -> bool:
         """Whether ``path`` names a DBFS location (``dbfs:/...`` or under the mount)."""
-        return ((path.startswith("dbfs:/") and not path.startswith("dbfs://"))
-                or path.startswith(cls.MOUNT + "/")
-                or path.startswith(f"file:{cls.MOUNT}/")
-                or path.startswith(f"file://{cls.MOUNT}/"))
+        return cls.normalize_databricks_path(path).startswith(cls.MOUNT + "/")
 
     @classmethod
     def normalize_databricks_path(cls, path: str) -> str:
