@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Build the native core (native/**/*.cc) into spark_hvd/_core/libspark_hvd_core.so, and, when
-TensorFlow is importable, its graph ops (native/tensorflow/) into libspark_hvd_tf.so.
+TensorFlow is importable, its graph ops (native/tensorflow/) into libspark_hvd_tf.so, and, when
+torch is importable, its shared-gradient allocator (native/torch/) into libspark_hvd_torch.so.
 
 The library is a plain C-ABI shared object loaded with ctypes: it needs no Python headers, torch
 or TensorFlow, so one build serves every framework and Python version. Builds are incremental:
@@ -13,7 +14,7 @@ the old library, so processes that already loaded the old one are not disturbed.
     python build.py --debug       # -O0 -g, same output path
     python build.py --asan        # --debug plus AddressSanitizer (needs LD_PRELOAD=libasan.so)
     python build.py --clean       # remove build/native and the libraries
-    python build.py --no-tensorflow   # the core only
+    python build.py --no-tensorflow --no-torch   # the core only
     python build.py -j 4 -v       # 4 parallel compiles, print every command
 
 Environment: CXX (compiler, default g++), CXXFLAGS / LDFLAGS (appended), SPARK_HVD_BUILD_JOBS,
@@ -25,7 +26,8 @@ imports (its headers and libtensorflow_framework), and rebuilt when that version
 change. TensorFlow's flags are asked for once per installation and kept in the build folder
 (importing TensorFlow takes seconds; a build with nothing to do takes a fraction of one). It is
 optional: without it spark_hvd.tensorflow runs graph collectives as
-tf.numpy_function nodes.
+tf.numpy_function nodes. The torch library is built the same way against torch's c10 headers;
+without it gradients stay in torch's own memory (and are copied through the shared segment).
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent
 LIB_NAME = "libspark_hvd_core.so"
 TF_LIB_NAME = "libspark_hvd_tf.so"
+TORCH_LIB_NAME = "libspark_hvd_torch.so"
 DEFAULT_SRC = ROOT / "native"
 DEFAULT_BUILD = ROOT / "build" / "native"
 DEFAULT_OUT = ROOT / "spark_hvd" / "_core" / LIB_NAME
@@ -77,8 +80,8 @@ def _env_flags(name: str) -> list[str]:
 
 
 # Standalone test programs (with their own main) live in tests/ and are built by their tests;
-# tensorflow/ holds the TensorFlow op library (build_tensorflow_ops), not part of the core.
-EXCLUDED_DIRS = ("tests", "tensorflow")
+# tensorflow/ and torch/ hold the framework libraries (build_framework_library), not the core.
+EXCLUDED_DIRS = ("tests", "tensorflow", "torch")
 
 
 def _sources(src_dir: Path) -> list[Path]:
@@ -312,28 +315,40 @@ def _python_json(python: str, code: str, timeout: float) -> dict | list | None:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def _tensorflow_config(python: str, build_root: Path) -> dict | None:
-    """Compile/link flags and version of the TensorFlow that ``python`` imports, or None.
+# Per framework: the code that prints its compile flags, link flags and version as JSON.
+_FRAMEWORK_FLAGS = {
+    "tensorflow": (
+        "import json, tensorflow as tf; print(json.dumps({'compile': "
+        "tf.sysconfig.get_compile_flags(), 'link': tf.sysconfig.get_link_flags(), "
+        "'version': tf.__version__}))"),
+    # Only c10's headers and library: the allocator hook needs nothing else of torch.
+    "torch": (
+        "import json, os, torch; d = os.path.dirname(torch.__file__); print(json.dumps({"
+        "'compile': ['-I' + os.path.join(d, 'include'), '-D_GLIBCXX_USE_CXX11_ABI=%d' "
+        "% int(torch._C._GLIBCXX_USE_CXX11_ABI)], 'link': ['-L' + os.path.join(d, 'lib'), "
+        "'-lc10', '-Wl,-rpath,' + os.path.join(d, 'lib')], 'version': torch.__version__}))"),
+}
 
-    Importing TensorFlow takes seconds, so the answer is kept in ``build_root`` under the
+
+def _framework_config(framework: str, python: str, build_root: Path) -> dict | None:
+    """Compile/link flags and version of the ``framework`` that ``python`` imports, or None.
+
+    Importing a framework takes seconds, so the answer is kept in ``build_root`` under the
     identity of the installation (where ``python`` finds the package, and its ``__init__``'s
     size and modification time: a reinstall rewrites it); finding that imports nothing."""
     identity = _python_json(python, (
-        "import json, os, sys, importlib.util as u; s = u.find_spec('tensorflow'); "
+        f"import json, os, sys, importlib.util as u; s = u.find_spec('{framework}'); "
         "st = os.stat(s.origin) if s and s.origin else None; "
         "print(json.dumps([sys.executable, s.origin, st.st_size, st.st_mtime_ns] if st "
         "else None))"), timeout=60)
     if identity is None:
         return None
-    cache = build_root / "tensorflow_config.json"
+    cache = build_root / f"{framework}_config.json"
     with contextlib.suppress(OSError, ValueError):
         saved = json.loads(cache.read_text())
         if saved.get("identity") == identity:
             return saved["config"]
-    config = _python_json(python, (
-        "import json, tensorflow as tf; print(json.dumps({'compile': "
-        "tf.sysconfig.get_compile_flags(), 'link': tf.sysconfig.get_link_flags(), "
-        "'version': tf.__version__}))"), timeout=300)
+    config = _python_json(python, _FRAMEWORK_FLAGS[framework], timeout=300)
     if config is not None:
         with contextlib.suppress(OSError):
             build_root.mkdir(parents=True, exist_ok=True)
@@ -341,7 +356,17 @@ def _tensorflow_config(python: str, build_root: Path) -> dict | None:
     return config
 
 
-def build_tensorflow_ops(
+# framework -> (source folder, library, display name, link to the core, what is lost without it)
+FRAMEWORK_LIBRARIES = {
+    "tensorflow": ("tensorflow", TF_LIB_NAME, "TensorFlow", True,
+                   "its graph ops (spark_hvd.tensorflow will use tf.numpy_function)"),
+    "torch": ("torch", TORCH_LIB_NAME, "torch", False,
+              "its shared-gradient allocator (gradients are copied through the shared segment)"),
+}
+
+
+def build_framework_library(
+    framework: str,
     core: Path,
     debug: bool = False,
     verbose: bool = False,
@@ -350,47 +375,50 @@ def build_tensorflow_ops(
     build_dir: str | os.PathLike | None = None,
     python: str | None = None,
 ) -> Path | None:
-    """Compile native/tensorflow/*.cc against the TensorFlow that ``python`` (default: this
-    interpreter) imports, into libspark_hvd_tf.so next to ``core``, linked to the core.
+    """Compile native/<framework>/*.cc against the ``framework`` (``"tensorflow"`` or
+    ``"torch"``) that ``python`` (default: this interpreter) imports, into its library next to
+    ``core`` (the TensorFlow ops link to the core; the torch allocator gets the core's functions
+    from Python).
 
-    Returns the library path, or None when TensorFlow is not importable (nothing to build
-    against; spark_hvd.tensorflow then uses tf.numpy_function). Raises BuildError when the
-    compile fails.
+    Returns the library path, or None when the framework is not importable (nothing to build
+    against; the Python adapter then does without). Raises BuildError when the compile fails.
     """
+    folder, lib_name, display, link_core, lost = FRAMEWORK_LIBRARIES[framework]
     src_dir = Path(src_dir or os.environ.get("SPARK_HVD_NATIVE_DIR") or DEFAULT_SRC).resolve()
     build_root = Path(build_dir or DEFAULT_BUILD).resolve()
-    sources = sorted((src_dir / "tensorflow").glob("*.cc"))
+    sources = sorted((src_dir / folder).glob("*.cc"))
     if not sources:
         return None
-    tf = _tensorflow_config(python or sys.executable, build_root)
-    if tf is None:
-        _log("TensorFlow is not importable here: skipping its graph ops "
-             "(spark_hvd.tensorflow will use tf.numpy_function)", quiet)
+    fw = _framework_config(framework, python or sys.executable, build_root)
+    if fw is None:
+        _log(f"{display} is not importable here: skipping {lost}", quiet)
         return None
-    output = Path(core).parent / TF_LIB_NAME
-    # TensorFlow's headers as system headers: their own deprecation warnings are not ours.
-    tf_compile = [f"-isystem{f[2:]}" if f.startswith("-I") else f for f in tf["compile"]]
+    output = Path(core).parent / lib_name
+    # The framework's headers as system headers: their own deprecation warnings are not ours.
+    fw_compile = [f"-isystem{f[2:]}" if f.startswith("-I") else f for f in fw["compile"]]
+    core_link = ([f"-L{output.parent}", f"-l:{LIB_NAME}", "-Wl,-rpath,$ORIGIN"]
+                 if link_core else [])
     cmd = (
-        _compiler() + BASE_FLAGS + (DEBUG_FLAGS if debug else RELEASE_FLAGS) + tf_compile
+        _compiler() + BASE_FLAGS + (DEBUG_FLAGS if debug else RELEASE_FLAGS) + fw_compile
         + [f"-I{src_dir}", "-shared"] + _env_flags("CXXFLAGS") + [str(s) for s in sources]
-        + [f"-L{output.parent}", f"-l:{LIB_NAME}", "-Wl,-rpath,$ORIGIN", "-Wl,--no-undefined"]
-        + tf["link"] + _env_flags("LDFLAGS")
+        + core_link + ["-Wl,--no-undefined"] + fw["link"] + _env_flags("LDFLAGS")
     )
     inputs = sources + [src_dir / "include" / "spark_hvd.h", src_dir / "common" / "types.h"]
-    stamp = build_root / "tensorflow_stamp"
-    signature = " ".join(cmd) + f"\ntensorflow={tf['version']}\n"
+    stamp = build_root / f"{framework}_stamp"
+    signature = " ".join(cmd) + f"\n{framework}={fw['version']}\n"
     with _lock(build_root):
         if (output.exists() and stamp.exists() and stamp.read_text() == signature
                 and max(p.stat().st_mtime for p in inputs if p.exists())
                 <= output.stat().st_mtime):
-            _log(f"{_display(output)} up to date (TensorFlow {tf['version']})", quiet)
+            _log(f"{_display(output)} up to date ({display} {fw['version']})", quiet)
             return output
         t0 = time.monotonic()
         _produce(cmd, output, "building", verbose)
         stamp.write_text(signature)
-        _log(f"built {_display(output)} against TensorFlow {tf['version']} in "
+        _log(f"built {_display(output)} against {display} {fw['version']} in "
              f"{time.monotonic() - t0:.1f}s", quiet)
     return output
+
 
 
 def _display(p: Path) -> str:
@@ -407,7 +435,7 @@ def clean(build_dir: str | os.PathLike | None = None, output: str | os.PathLike 
     if build_root.exists():
         shutil.rmtree(build_root)
         _log(f"removed {_display(build_root)}", quiet)
-    for lib in (output, output.parent / TF_LIB_NAME):
+    for lib in (output, output.parent / TF_LIB_NAME, output.parent / TORCH_LIB_NAME):
         if lib.exists():
             lib.unlink()
             _log(f"removed {_display(lib)}", quiet)
@@ -423,6 +451,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("-q", "--quiet", action="store_true", help="print only warnings and errors")
     ap.add_argument("--no-tensorflow", action="store_true",
                     help="skip the TensorFlow op library even when TensorFlow is importable")
+    ap.add_argument("--no-torch", action="store_true",
+                    help="skip the torch allocator library even when torch is importable")
     ap.add_argument("--src", default=None, help="source tree (default native/)")
     ap.add_argument("--build-dir", default=None, help="object directory (default build/native/)")
     ap.add_argument("--output", default=None, help=f"library path (default spark_hvd/_core/{LIB_NAME})")
@@ -435,9 +465,11 @@ def main(argv: list[str] | None = None) -> int:
         core = build(debug=args.debug, asan=args.asan, jobs=args.jobs, verbose=args.verbose,
                      quiet=args.quiet, src_dir=args.src, build_dir=args.build_dir,
                      output=args.output)
-        if core is not None and not args.no_tensorflow and not args.asan:
-            build_tensorflow_ops(core, debug=args.debug, verbose=args.verbose, quiet=args.quiet,
-                                 src_dir=args.src, build_dir=args.build_dir)
+        for framework, skip in (("tensorflow", args.no_tensorflow), ("torch", args.no_torch)):
+            if core is not None and not skip and not args.asan:
+                build_framework_library(framework, core, debug=args.debug, verbose=args.verbose,
+                                        quiet=args.quiet, src_dir=args.src,
+                                        build_dir=args.build_dir)
     except BuildError as e:
         print(f"[build] ERROR: {e}", file=sys.stderr, flush=True)
         return 1

@@ -1,7 +1,8 @@
 """setuptools glue: metadata lives in pyproject.toml; this file only hooks the native build.
 
 `pip install .` and `pip install -e .` both run build_py, which here first runs build.py to produce
-spark_hvd/_core/libspark_hvd_core.so (and libspark_hvd_tf.so when TensorFlow is importable; in the source tree, so an editable install sees it too), then
+spark_hvd/_core/libspark_hvd_core.so (and libspark_hvd_tf.so / libspark_hvd_torch.so when
+TensorFlow / torch is importable; in the source tree, so an editable install sees it too), then
 copies it into the wheel as package data (SPARK_HVD_SKIP_NATIVE_BUILD=1 skips the build,
 SPARK_HVD_DEBUG_BUILD=1 builds -O0 -g). The library is a ctypes-loaded C ABI object, independent
 of the Python version, so the wheel is tagged py3-none-<platform>.
@@ -28,8 +29,9 @@ class build_py(_build_py):
         debug = os.environ.get("SPARK_HVD_DEBUG_BUILD", "") not in ("", "0")
         try:
             core = native_build.build(debug=debug)
-            if core is not None:  # skipped (with a note) when TensorFlow is not importable
-                native_build.build_tensorflow_ops(core, debug=debug)
+            for framework in native_build.FRAMEWORK_LIBRARIES:
+                if core is not None:  # each skipped (with a note) when it is not importable
+                    native_build.build_framework_library(framework, core, debug=debug)
         except native_build.BuildError as e:
             raise SystemExit(f"[build] ERROR: {e}")
         super().run()

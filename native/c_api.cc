@@ -8,6 +8,7 @@
 #include <sstream>
 #include <string_view>
 
+#include "algorithms/shared_arenas.h"
 #include "engine/engine.h"
 #include "include/spark_hvd.h"
 
@@ -245,6 +246,7 @@ int32_t shvd_init(const shvd_init_options* o) {
     eo.shm_group.single_copy = o->shm_single_copy != 0;
     if (o->shm_single_copy_min_bytes >= 0)
       eo.shm_group.single_copy_min_bytes = uint64_t(o->shm_single_copy_min_bytes);
+    eo.shm_group.arenas = o->shm_arenas != 0;
     const int32_t* ranks = o->process_set_ranks;
     for (int i = 0; i < o->num_process_sets; ++i) {
       eo.static_process_sets.emplace_back(ranks, ranks + o->process_set_sizes[i]);
@@ -291,6 +293,13 @@ int32_t shvd_shared_memory_enabled(void) {
   REQUIRE_ENGINE(e);
   return e->shared_memory() ? 1 : 0;
 }
+
+void* shvd_shared_alloc(int64_t bytes) {
+  return bytes > 0 ? shared_arena_alloc(size_t(bytes)) : nullptr;
+}
+int32_t shvd_shared_free(void* p) { return shared_arena_free(p) ? 1 : 0; }
+int64_t shvd_shared_bytes(void) { return int64_t(shared_arena_bytes()); }
+int64_t shvd_shared_inplace_allreduces(void) { return int64_t(shared_arena_inplace_allreduces()); }
 
 int32_t shvd_process_set_size(int32_t id) {
   REQUIRE_ENGINE(e);

@@ -5,8 +5,9 @@
 #      missing.
 #   2. .venv with the pinned requirements + `pip install -e .`; skipped when .venv/.setup-stamp
 #      matches the hash of requirements*.txt, pyproject.toml, setup.py and this script.
-#   3. Always: the incremental native build (python build.py: the core, and the TensorFlow op
-#      library against the venv's TensorFlow), cheap when nothing changed.
+#   3. Always: the incremental native build (python build.py: the core, the TensorFlow op
+#      library against the venv's TensorFlow and the torch allocator library against its torch),
+#      cheap when nothing changed.
 # Env: PYTHON (interpreter for the venv, default python3), SPARK_HVD_SKIP_APT=1 to skip step 1.
 set -euo pipefail
 
@@ -80,6 +81,6 @@ else
   log "Python requirements up to date"
 fi
 
-# 3. Native core and TensorFlow op library (incremental) ----------------------------------------
+# 3. Native core and the framework libraries (incremental) -------------------------------------
 "$PY" build.py
 log "done"

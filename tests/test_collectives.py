@@ -71,7 +71,42 @@ def test_shared_memory_small_chunks():
 def _allreduce_paths(timeline):
     """The shared-memory allreduce paths rank 0's timeline names."""
     return {p for seq in load_timeline(timeline).values() for _, p in seq
-            if p in ("SHM_ALLREDUCE", "SHM_SINGLE_COPY_ALLREDUCE")}
+            if p in ("SHM_ALLREDUCE", "SHM_SINGLE_COPY_ALLREDUCE", "SHM_ARENA_ALLREDUCE")}
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("np_", [2, 3])
+def test_shared_arenas_reduce_in_place(tmp_path, np_):
+    """Arrays in the core's shared arenas on every rank: large allreduces are reduced in place
+    (each member reads its share of everyone's tensors and writes the sums into all of them),
+    exactly, for every dtype and op, fused, in place and into a separate output, with Average
+    bitwise equal on every rank; 4 KiB chunks split each share into pieces across tensor
+    boundaries. Rank 0's timeline and every rank's count name the path."""
+    timeline = tmp_path / "timeline.json"
+    r = run_job(np_, "shared_arenas", "--mode", "numpy", transport="shm",
+                env={"SPARK_HVD_SHM_CHUNK_BYTES": 4096, "SPARK_HVD_TIMELINE": timeline},
+                timeout=160)
+    r.assert_ok(np_)
+    assert "SHM_ARENA_ALLREDUCE" in _allreduce_paths(timeline)
+    for rank in range(np_):
+        assert int(r.field(rank, "inplace")) >= 20, r.describe()
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("why", ["rank 1's arrays in ordinary memory",
+                                 "rank 1 sets SPARK_HVD_SHARED_GRADIENTS=0"])
+def test_shared_arenas_need_every_rank(tmp_path, why):
+    """Rank 1's arrays are in ordinary memory, or rank 1 refuses arenas: every rank keeps the
+    copying paths (also ranks 0 and 2, whose arrays are in arenas), with the same exact
+    results."""
+    timeline = tmp_path / "timeline.json"
+    env = ({"ARENA_RANKS": "0,2"} if "ordinary" in why
+           else {"ENV_OF_RANK_1": "SPARK_HVD_SHARED_GRADIENTS=0"})
+    r = run_job(3, "shared_arenas", "--mode", "numpy", transport="shm",
+                env={**env, "SPARK_HVD_TIMELINE": timeline}, timeout=160)
+    r.assert_ok(3)
+    assert _allreduce_paths(timeline) == {"SHM_ALLREDUCE"}
+    assert [int(r.field(rank, "inplace")) for rank in range(3)] == [0, 0, 0]
 
 
 @pytest.mark.timeout(180)

@@ -2,7 +2,8 @@
 predivide, fp16, groups, backward_passes_per_step, sparse, clipping, warnings and errors,
 unused and dynamically frozen parameters, process sets), broadcast of parameters, optimizer
 state (SGD, Adam, AdamW, RMSprop, Adagrad, Adadelta, LBFGS) and objects, SyncBatchNorm against
-a single-process reference, model parallelism, the timeline; join() with uneven data."""
+a single-process reference, model parallelism, the timeline; join() with uneven data;
+gradients in shared arenas."""
 
 import pytest
 
@@ -32,3 +33,23 @@ def test_torch_single_process(tmp_path):
     proc = subprocess.run([sys.executable, str(WORKERS / "torch_single.py")], cwd=REPO,
                           env=job_env(), capture_output=True, text=True, timeout=50)
     assert proc.returncode == 0 and "OK rank=0" in proc.stdout, proc.stdout + proc.stderr
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("np_", [2, 3])
+def test_torch_shared_gradients(np_):
+    """Over shared memory, DistributedOptimizer's gradients are allocated in the core's shared
+    arenas and reduced in place there; the trained weights are bitwise equal on every rank and
+    to the same job with SPARK_HVD_SHARED_GRADIENTS=0 (gradients in torch's memory, copied
+    through the shared segment), and a forked child allocates apart from the arenas."""
+    from conftest import run_job
+    shared = run_job(np_, "shared_arenas", "--mode", "torch", transport="shm", timeout=90)
+    shared.assert_ok(np_)
+    private = run_job(np_, "shared_arenas", "--mode", "torch", transport="shm", timeout=90,
+                      env={"SPARK_HVD_SHARED_GRADIENTS": "0"})
+    private.assert_ok(np_)
+    for rank in range(np_):
+        assert int(shared.field(rank, "inplace")) > 0, shared.describe()
+        assert int(private.field(rank, "inplace")) == 0, private.describe()
+        assert int(private.field(rank, "held")) == 0, private.describe()
+        assert shared.field(rank, "weights") == private.field(rank, "weights")

@@ -18,6 +18,7 @@
 
 #include "../common/hmac.h"
 #include "reduce_kernels.h"
+#include "shared_arenas.h"
 
 namespace shvd {
 
@@ -27,7 +28,7 @@ constexpr size_t kLine = 64;
 constexpr size_t kMaxSingleCopySegments = 256;
 constexpr size_t kTableBytes = kMaxSingleCopySegments * 2 * sizeof(uint64_t);
 static_assert(kMaxSingleCopySegments <= IOV_MAX, "one process_vm_readv per slice");
-enum { kIn = 0, kReduced = 1, kDone = 2 };
+enum { kIn = 0, kReduced = 1, kDone = 2, kArenaCheck = 3, kArenaDone = 4 };
 
 struct alignas(kLine) Counter {
   std::atomic<uint64_t> value;
@@ -87,33 +88,45 @@ bool move_to_other_cpu(int cpu, const cpu_set_t& taken) {
 }
 }  // namespace
 
-// Per member: three progress counters and where it runs, each on its own cache line. `cpu` is
+// Per member: progress counters (three for the chunks of the copying paths, two for the arena
+// path's agreement and end) and where it runs, each on its own cache line. `cpu` is
 // (collective << 16) | (CPU + 1): a CPU published during an earlier collective is stale (the
 // thread may have moved since) and is ignored.
 // `id` is written once at set-up: the member's engine thread (the address space to read;
 // the main thread may have exited while the engine runs, and a thread id names the process
 // as well), and the address and value of a private word the others read to find out whether
-// they may read this member's memory.
+// they may read this member's memory, and the memfd the others map to find out whether they
+// may map this member's arenas.
 struct SharedMemoryGroup::Control {
-  Counter seq[3];
+  Counter seq[5];
   Counter cpu;
   struct alignas(kLine) {
-    uint64_t thread, probe_address, probe_value;
+    uint64_t thread, probe_address, probe_value, probe_fd;
   } id;
 };
 
 // Layout: every member's Control, every member's table (input and output address of each
-// tensor of the current single-copy allreduce), then the slots and results.
+// tensor of the current single-copy allreduce, or arena and offset on the arena path), every
+// member's arena directory, then the slots and results.
+constexpr size_t kDirectoryBytes = kMaxArenas * 2 * sizeof(uint64_t);
 static size_t control_bytes(int members) { return sizeof(SharedMemoryGroup::Control) * members; }
-static size_t header_bytes(int members) { return control_bytes(members) + kTableBytes * members; }
+static size_t header_bytes(int members) {
+  return control_bytes(members) + (kTableBytes + kDirectoryBytes) * members;
+}
 
 SharedMemoryGroup::SharedMemoryGroup(void* base, size_t bytes, int members,
                                      const Settings& settings)
     : base_(base), bytes_(bytes), members_(members), chunk_bytes_(settings.chunk_bytes),
       single_copy_min_bytes_(settings.single_copy_min_bytes),
-      single_copy_(settings.single_copy != 0) {}
+      single_copy_(settings.single_copy != 0), arenas_(settings.arenas != 0),
+      arena_min_bytes_(settings.arena_min_bytes), peer_arenas_(members) {}
 
-SharedMemoryGroup::~SharedMemoryGroup() { munmap(base_, bytes_); }
+SharedMemoryGroup::~SharedMemoryGroup() {
+  for (auto& arenas : peer_arenas_)
+    for (auto& a : arenas)
+      if (a.base) munmap(a.base, a.bytes);
+  munmap(base_, bytes_);
+}
 
 uint8_t* SharedMemoryGroup::slot(int member, int buffer) const {
   return static_cast<uint8_t*>(base_) + header_bytes(members_) +
@@ -130,6 +143,12 @@ uint64_t* SharedMemoryGroup::table(int member) const {
                                      kTableBytes * size_t(member));
 }
 
+uint64_t* SharedMemoryGroup::arena_directory(int member) const {
+  return reinterpret_cast<uint64_t*>(static_cast<uint8_t*>(base_) + control_bytes(members_) +
+                                     kTableBytes * size_t(members_) +
+                                     kDirectoryBytes * size_t(member));
+}
+
 namespace {
 // Whether this process may read `peer`'s memory: reads its probe word through the kernel.
 bool may_read(const SharedMemoryGroup::Control& peer) {
@@ -139,27 +158,66 @@ bool may_read(const SharedMemoryGroup::Control& peer) {
                              sizeof got}};
   return read_process(pid_t(peer.id.thread), local, remote) == 0 && got == peer.id.probe_value;
 }
+
+// Maps `bytes` of file descriptor `fd` of the process that thread `thread` belongs to, through
+// /proc (allowed when this process may inspect that one). nullptr on failure.
+uint8_t* map_peer_fd(uint64_t thread, uint64_t fd, size_t bytes) {
+  const std::string path = "/proc/" + std::to_string(thread) + "/fd/" + std::to_string(fd);
+  const int local = open(path.c_str(), O_RDWR | O_CLOEXEC);
+  if (local < 0) return nullptr;
+  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, local, 0);
+  close(local);
+  return p == MAP_FAILED ? nullptr : static_cast<uint8_t*>(p);
+}
+
+// Whether this process may map `peer`'s arenas: maps its probe memfd and checks the token.
+bool may_map(const SharedMemoryGroup::Control& peer) {
+  uint8_t* p = map_peer_fd(peer.id.thread, peer.id.probe_fd, 4096);
+  if (!p) return false;
+  uint64_t got;
+  std::memcpy(&got, p, sizeof got);
+  munmap(p, 4096);
+  return got == peer.id.probe_value;
+}
+
+// A memfd holding `token`, for the peers' may_map (-1 when memfds are unavailable).
+int make_probe_fd(uint64_t token) {
+  const int fd = memfd_create("spark_hvd_probe", MFD_CLOEXEC);
+  if (fd < 0) return -1;
+  if (ftruncate(fd, 4096) != 0 || pwrite(fd, &token, sizeof token, 0) != ssize_t(sizeof token)) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
 }  // namespace
 
 std::unique_ptr<SharedMemoryGroup> SharedMemoryGroup::create(const Communicator& comm,
                                                              const std::string& job_id,
                                                              const Settings& wanted) {
   Settings settings;
+  // A member whose own setting refuses arenas makes no probe memfd and so votes "no": arenas
+  // are used only where every member allows them.
+  const bool wanted_arenas = wanted.arenas != 0;
   void* base = MAP_FAILED;
   size_t bytes = 0;
   auto bytes_for = [&](const Settings& s) {
     return header_bytes(comm.size) + (size_t(comm.size) * 2 + 2) * s.chunk_bytes;
   };
-  // The others read this word while probing; it lives until every member has reported.
+  // The others read this word and map this memfd while probing; both live until every
+  // member has reported.
   volatile uint64_t probe_word = 0;
+  int probe_fd = -1;
   auto publish_identity = [&] {
     uint64_t token;
     random_bytes(reinterpret_cast<uint8_t*>(&token), sizeof token);
     probe_word = token;
+    if (wanted_arenas) probe_fd = make_probe_fd(token);
     auto& id = static_cast<Control*>(base)[comm.rank].id;
     id.thread = uint64_t(syscall(SYS_gettid));  // create() and allreduce() run on the engine
     id.probe_address = uint64_t(reinterpret_cast<uintptr_t>(&probe_word));
     id.probe_value = token;
+    id.probe_fd = uint64_t(int64_t(probe_fd));
   };
   uint8_t ok = 1;
   if (comm.rank == 0) {
@@ -215,15 +273,15 @@ std::unique_ptr<SharedMemoryGroup> SharedMemoryGroup::create(const Communicator&
     comm.link(0)->recv(&ok, 1);  // everyone must have mapped it, or nobody uses it
   }
   if (!ok) {
+    if (probe_fd >= 0) close(probe_fd);
     if (base != MAP_FAILED) munmap(base, bytes);
     return nullptr;
   }
   // Every identity is published (member 0 wrote its own before sending the name, the others
-  // theirs before acknowledging). Single copy only if every member may read every other.
-  if (settings.single_copy) {
-    uint8_t all = 1;
-    for (int m = 0; m < comm.size; ++m)
-      if (m != comm.rank) all = all && may_read(static_cast<Control*>(base)[m]);
+  // theirs before acknowledging). Each feature only if every member may use it on every other:
+  // `mine` is this member's verdict, the result everybody's (member 0 collects and answers).
+  auto agree = [&](uint8_t mine) {
+    uint8_t all = mine;
     if (comm.rank == 0) {
       for (int m = 1; m < comm.size; ++m) {
         uint8_t theirs = 0;
@@ -235,8 +293,17 @@ std::unique_ptr<SharedMemoryGroup> SharedMemoryGroup::create(const Communicator&
       comm.link(0)->send(&all, 1);
       comm.link(0)->recv(&all, 1);
     }
-    settings.single_copy = all;
-  }
+    return all;
+  };
+  auto every_peer = [&](bool (*check)(const Control&)) {
+    uint8_t all = 1;
+    for (int m = 0; m < comm.size; ++m)
+      if (m != comm.rank) all = all && check(static_cast<Control*>(base)[m]);
+    return all;
+  };
+  if (settings.single_copy) settings.single_copy = agree(every_peer(may_read));
+  if (settings.arenas) settings.arenas = agree(probe_fd >= 0 && every_peer(may_map));
+  if (probe_fd >= 0) close(probe_fd);  // every member has probed it
   return std::unique_ptr<SharedMemoryGroup>(
       new SharedMemoryGroup(base, bytes, comm.size, settings));
 }
@@ -397,10 +464,14 @@ SharedMemoryGroup::Plan SharedMemoryGroup::start(const Communicator& comm, size_
   p.base_seq = chunks_done_;
   p.n = members_;
   chunks_done_ += p.chunks;
+  begin_collective(comm);
+  return p;
+}
+
+void SharedMemoryGroup::begin_collective(const Communicator& comm) {
   moved_ = false;
   collective_ = (collective_ + 1) & 0xffffffffffffULL;  // the same count on every member
   publish_cpu(comm);
-  return p;
 }
 
 SharedMemoryGroup::Chunk SharedMemoryGroup::Plan::chunk(size_t k) const {
@@ -416,15 +487,22 @@ bool SharedMemoryGroup::single_copy(const std::vector<Segment>& segments, DataTy
   return count * dtype_size(dtype) >= single_copy_min_bytes_;
 }
 
-void SharedMemoryGroup::allreduce(const Communicator& comm, const std::vector<Segment>& segments,
-                                  DataType dtype, ReduceOp op, double scale) {
+const char* SharedMemoryGroup::allreduce(const Communicator& comm,
+                                         const std::vector<Segment>& segments, DataType dtype,
+                                         ReduceOp op, double scale) {
   const size_t esize = dtype_size(dtype);
   const SegmentedBuffer data(segments, esize);
-  if (data.bytes() == 0) return;
+  // Every member sees the same response, so all of them check for arenas or none does.
+  if (arenas_ && data.bytes() > 0 && data.bytes() >= arena_min_bytes_ &&
+      allreduce_in_arenas(comm, data, dtype, op, scale))
+    return "SHM_ARENA_ALLREDUCE";
   const bool direct = single_copy(segments, dtype);
-  const Plan plan = start(comm, data.bytes() / esize, esize);
-  if (direct) allreduce_single_copy(comm, data, plan, dtype, op, scale);
-  else allreduce_through_slots(comm, data, plan, dtype, op, scale);
+  if (data.bytes() > 0) {
+    const Plan plan = start(comm, data.bytes() / esize, esize);
+    if (direct) allreduce_single_copy(comm, data, plan, dtype, op, scale);
+    else allreduce_through_slots(comm, data, plan, dtype, op, scale);
+  }
+  return direct ? "SHM_SINGLE_COPY_ALLREDUCE" : "SHM_ALLREDUCE";
 }
 
 void SharedMemoryGroup::allreduce_through_slots(const Communicator& comm,
@@ -581,6 +659,113 @@ void SharedMemoryGroup::allreduce_single_copy(const Communicator& comm,
   }
   mine[kDone].value.store(base_seq + plan.chunks, std::memory_order_release);
   wait_all(comm, kDone, base_seq + plan.chunks);
+}
+
+uint8_t* SharedMemoryGroup::peer_arena(const Communicator& comm, int member, int arena) {
+  auto& mapped = peer_arenas_[member];
+  if (mapped.size() <= size_t(arena)) mapped.resize(size_t(arena) + 1, PeerArena{nullptr, 0});
+  PeerArena& a = mapped[arena];
+  if (!a.base) {
+    const uint64_t* dir = arena_directory(member);
+    const auto& id = static_cast<Control*>(base_)[member].id;
+    a.bytes = size_t(dir[2 * arena + 1]);
+    a.base = map_peer_fd(id.thread, dir[2 * arena], a.bytes);
+    if (!a.base)
+      throw std::runtime_error("shared-memory allreduce: mapping the gradient arena of rank " +
+                               std::to_string(comm.global_ranks[member]) + " failed (" +
+                               strerror(errno) + "); SPARK_HVD_SHARED_GRADIENTS=0 keeps "
+                               "gradients in private memory");
+  }
+  return a.base;
+}
+
+// Member r reduces elements [count * r / n, count * (r + 1) / n) of the response, reading every
+// member's inputs where they lie and writing the result into every member's outputs. Nobody else
+// reads or writes those elements of any member's tensors, so the only waits are the agreement
+// (every member's inputs are complete and its table is published) and the end (every member's
+// outputs are complete before anyone returns them to the framework).
+bool SharedMemoryGroup::allreduce_in_arenas(const Communicator& comm,
+                                            const SegmentedBuffer& data, DataType dtype,
+                                            ReduceOp op, double scale) {
+  const int n = members_, me = comm.rank;
+  const size_t esize = dtype_size(dtype);
+  const auto& segments = data.segments();
+  auto* ctl = static_cast<Control*>(base_);
+  Counter* mine = ctl[me].seq;
+  uint64_t* my_table = table(me);
+  uint64_t* my_directory = arena_directory(me);
+
+  // 1. Agree: am I all in arenas? My table and directory are written before I say so.
+  bool in_arenas = segments.size() <= kMaxSingleCopySegments;
+  for (size_t i = 0; in_arenas && i < segments.size(); ++i) {
+    const size_t bytes = segments[i].count * esize;
+    int arena_in, arena_out;
+    uint64_t offset_in, offset_out;
+    in_arenas = shared_arena_locate(segments[i].in, bytes, &arena_in, &offset_in) &&
+                shared_arena_locate(segments[i].out, bytes, &arena_out, &offset_out);
+    if (!in_arenas) break;
+    for (int a : {arena_in, arena_out}) {
+      if (my_directory[2 * a + 1] != 0) continue;
+      const ArenaInfo info = shared_arena_info(a);
+      my_directory[2 * a] = uint64_t(info.fd);
+      my_directory[2 * a + 1] = uint64_t(info.bytes);
+    }
+    my_table[2 * i] = (uint64_t(arena_in) << 48) | offset_in;
+    my_table[2 * i + 1] = (uint64_t(arena_out) << 48) | offset_out;
+  }
+  begin_collective(comm);
+  const uint64_t check = ++arena_checks_;
+  // The low bit carries the answer. No member gets past this collective before every member
+  // has read it, so the counter still holds this check's value when the others look.
+  mine[kArenaCheck].value.store(2 * check + (in_arenas ? 1 : 0), std::memory_order_release);
+  wait_all(comm, kArenaCheck, 2 * check);
+  bool all = in_arenas;
+  for (int m = 0; m < n && all; ++m)
+    all = (ctl[m].seq[kArenaCheck].value.load(std::memory_order_acquire) & 1) != 0;
+  if (!all) return false;
+
+  // 2. Every member's tensors, as this process sees them.
+  constexpr uint64_t kOffsetBits = (uint64_t(1) << 48) - 1;
+  std::vector<std::vector<Segment>> views(size_t(n), segments);
+  for (int m = 0; m < n; ++m) {
+    if (m == me) continue;
+    const uint64_t* t = table(m);
+    for (size_t i = 0; i < segments.size(); ++i) {
+      views[m][i].in = peer_arena(comm, m, int(t[2 * i] >> 48)) + (t[2 * i] & kOffsetBits);
+      views[m][i].out =
+          peer_arena(comm, m, int(t[2 * i + 1] >> 48)) + (t[2 * i + 1] & kOffsetBits);
+    }
+  }
+
+  // 3. My share, in cache-sized pieces, members in order as on the other paths (bitwise equal
+  // results). With more than two members partial sums go to a private buffer.
+  const size_t count = data.bytes() / esize;
+  const size_t lo = count * size_t(me) / n, hi = count * size_t(me + 1) / n;
+  const size_t piece_elems = std::max<size_t>(1, chunk_bytes_ / esize);
+  if (n > 2 && peer_slices_.size() < piece_elems * esize) peer_slices_.resize(piece_elems * esize);
+  for (size_t first = lo; first < hi; first += piece_elems) {
+    const size_t len = std::min(piece_elems, hi - first) * esize;
+    data.for_pieces(first * esize, len, [&](size_t i, size_t off, size_t bytes, size_t at) {
+      auto src = [&](int m) {
+        return static_cast<const uint8_t*>(views[m][i].in) + off;
+      };
+      auto out = [&](int m) { return static_cast<uint8_t*>(views[m][i].out) + off; };
+      if (n == 2) {
+        reduce_out_scaled(out(me), out(1 - me), src(0), src(1), bytes / esize, dtype, op, scale);
+        return;
+      }
+      reduce_members(n, src, peer_slices_.data() + at, out(me), out(me), bytes / esize, dtype,
+                     op, scale);
+      for (int m = 0; m < n; ++m)
+        if (m != me) std::memcpy(out(m), out(me), bytes);
+    });
+  }
+
+  // 4. Nobody hands its tensors back while another member may still write into them.
+  mine[kArenaDone].value.store(check, std::memory_order_release);
+  wait_all(comm, kArenaDone, check);
+  shared_arena_count_inplace();
+  return true;
 }
 
 }  // namespace shvd

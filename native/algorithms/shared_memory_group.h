@@ -21,6 +21,13 @@
 // less memory traffic than going through the segment. Whether peers may read each other
 // (same user, ptrace policy, seccomp) is probed once when the group is set up; if any member
 // cannot, every member keeps the slots.
+//
+// Tensors that every member can map (allocated in shared arenas, see shared_arenas.h: the torch
+// adapter puts gradients there) need neither: member r reads slice r of every member's tensor
+// where it lies, and writes the sum into every member's tensor. Per member that is S bytes read
+// and S written instead of 2 S and 2 S, and two barriers instead of three per chunk. Whether
+// every member's tensors of a response are in arenas is agreed at the start of each large
+// allreduce; if one member's are not, all take the paths above.
 #pragma once
 
 #include <sched.h>
@@ -47,6 +54,10 @@ class SharedMemoryGroup {
     // 4.5-6.5; single copy lost at 4-8 MiB and won by 5-12 % at 16-64 MiB).
     uint64_t single_copy_min_bytes = 16 << 20;
     uint8_t single_copy = 1;  // wanted (member 0's setting), then: allowed on every member
+    // Tensors in shared arenas are reduced in place from this size (below it the agreement
+    // costs more than the copies it saves).
+    uint64_t arena_min_bytes = 256 * 1024;
+    uint8_t arenas = 1;  // wanted, then: every member may map every other's arenas
   };
 
   // Collective over `comm` (every member calls it for the same communicator): member 0 creates
@@ -69,8 +80,10 @@ class SharedMemoryGroup {
   // Allreduce of the concatenation of `segments` without packing them into a fusion buffer:
   // copy-in reads straight from each tensor and copy-out writes straight to it. The reduced
   // values are multiplied by `scale` (Average, postscale) before anyone copies them out.
-  void allreduce(const Communicator& comm, const std::vector<Segment>& segments,
-                 DataType dtype, ReduceOp op, double scale);
+  // Returns the path taken (the same on every member), for the timeline: SHM_ARENA_ALLREDUCE,
+  // SHM_SINGLE_COPY_ALLREDUCE or SHM_ALLREDUCE.
+  const char* allreduce(const Communicator& comm, const std::vector<Segment>& segments,
+                        DataType dtype, ReduceOp op, double scale);
 
   // Whether allreduce() of these segments reads the peers' memory directly (the same answer on
   // every member: it depends only on the response and on settings agreed at set-up).
@@ -94,6 +107,12 @@ class SharedMemoryGroup {
                                const Plan& plan, DataType dtype, ReduceOp op, double scale);
   void allreduce_single_copy(const Communicator& comm, const SegmentedBuffer& data,
                              const Plan& plan, DataType dtype, ReduceOp op, double scale);
+  // Reduces in place in the members' arenas; false (on every member alike) when some member's
+  // tensors of this response are not all in its arenas.
+  bool allreduce_in_arenas(const Communicator& comm, const SegmentedBuffer& data,
+                           DataType dtype, ReduceOp op, double scale);
+  uint8_t* peer_arena(const Communicator& comm, int member, int arena);
+  void begin_collective(const Communicator& comm);
   void wait_all(const Communicator& comm, int which, uint64_t target);
   uint64_t publish_cpu(const Communicator& comm);  // this member's CPU + 1 (0: unknown)
   uint64_t peer_cpu(int member) const;  // its CPU + 1 in this collective, else 0
@@ -101,6 +120,7 @@ class SharedMemoryGroup {
   uint8_t* slot(int member, int buffer) const;
   uint8_t* result(int buffer) const;
   uint64_t* table(int member) const;  // where a member's tensors are, for single-copy reads
+  uint64_t* arena_directory(int member) const;  // per arena of a member: its fd and size
 
   void* base_;
   size_t bytes_;
@@ -108,6 +128,14 @@ class SharedMemoryGroup {
   size_t chunk_bytes_;
   size_t single_copy_min_bytes_;
   bool single_copy_;
+  bool arenas_;
+  size_t arena_min_bytes_;
+  uint64_t arena_checks_ = 0;  // arena agreements so far, identical on every member
+  struct PeerArena {
+    uint8_t* base;
+    size_t bytes;
+  };
+  std::vector<std::vector<PeerArena>> peer_arenas_;  // [member][arena], mapped on first use
   std::vector<uint8_t> peer_slices_;  // single copy: the peers' inputs of my slice of a chunk
   uint64_t chunks_done_ = 0;  // chunks processed so far, identical on every member
   bool moved_ = false;        // this collective already moved off a CPU shared with a peer

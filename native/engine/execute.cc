@@ -82,14 +82,11 @@ void Engine::run_allreduce(const Response& r, std::vector<Entry*>& entries,
     std::vector<SharedMemoryGroup::Segment> segments;
     for (size_t i = 0; i < entries.size(); ++i)
       segments.push_back({entries[i]->input, entries[i]->output, counts[i]});
-    // Nested under ALLREDUCE, the timeline names which shared-memory path ran.
-    const char* how = !timeline_.active() ? ""
-                      : comm.shm_group->single_copy(segments, r.dtype) ? "SHM_SINGLE_COPY_ALLREDUCE"
-                                                                       : "SHM_ALLREDUCE";
+    // The members agree on the path inside the group: the timeline names it afterwards, as
+    // an empty phase at the end of ALLREDUCE.
     phase(timeline_, r.names, "ALLREDUCE", [&] {
-      phase(timeline_, r.names, how, [&] {
-        comm.shm_group->allreduce(comm, segments, r.dtype, r.reduce_op, post);
-      });
+      const char* how = comm.shm_group->allreduce(comm, segments, r.dtype, r.reduce_op, post);
+      phase(timeline_, r.names, how, [] {});
     });
     return;
   }

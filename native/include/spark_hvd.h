@@ -52,6 +52,9 @@ typedef struct {
   int64_t shm_chunk_bytes;
   int32_t shm_single_copy;
   int64_t shm_single_copy_min_bytes;
+  /* Whether tensors in shared arenas (shvd_shared_alloc) are reduced in place where every
+   * member can map them (0: never; 0 on any member turns it off for the whole set). */
+  int32_t shm_arenas;
 } shvd_init_options;
 
 enum {
@@ -103,6 +106,16 @@ int32_t shvd_cross_rank(void);
 int32_t shvd_cross_size(void);
 /* 1 if ranks to this rank's peers on its host go over shared memory. */
 int32_t shvd_shared_memory_enabled(void);
+
+/* Memory that the other members of a shared-memory group can map: allreduces of tensors that
+ * lie there on every member are reduced in place, without copies through the shared segment.
+ * Blocks are cached by size and never returned to the kernel. Returns NULL when no block can
+ * be had (no memfd, or the arenas' 4 GiB spent): use ordinary memory then.
+ * Needs no initialized engine; thread-safe. */
+void* shvd_shared_alloc(int64_t bytes);
+int32_t shvd_shared_free(void* p); /* 1 if `p` was a block of the arenas, else 0 (untouched) */
+int64_t shvd_shared_bytes(void); /* bytes the arenas hold */
+int64_t shvd_shared_inplace_allreduces(void); /* allreduces this process reduced in place there */
 
 /* Process sets. */
 int32_t shvd_process_set_size(int32_t id);        /* -1 if unknown */

@@ -166,6 +166,7 @@ def start(config, comm=None, process_sets=(), rendezvous=None, placement=None, s
         shm_chunk_bytes=config.shm_chunk_bytes,
         shm_single_copy=1 if config.shm_single_copy else 0,
         shm_single_copy_min_bytes=(-1 if config.shm_single_copy_min_bytes is None
-                                   else config.shm_single_copy_min_bytes))
+                                   else config.shm_single_copy_min_bytes),
+        shm_arenas=1 if config.shared_gradients else 0)
     check(lib.shvd_init(opts))
     return placement

@@ -65,6 +65,8 @@ class Config:
         self.shm_chunk_bytes = env_int("SHM_CHUNK_BYTES", 0)
         self.shm_single_copy = env_flag("SHM_SINGLE_COPY", True)
         self.shm_single_copy_min_bytes = env_int("SHM_SINGLE_COPY_MIN_BYTES", None)
+        # Gradients in memory every local member maps, reduced in place (torch).
+        self.shared_gradients = env_flag("SHARED_GRADIENTS", True)
         self.start_timeout = env_float("START_TIMEOUT", 30.0)
         overlap = str(env("OVERLAP", "auto")).strip().lower()
         if overlap not in _OVERLAP:

@@ -50,6 +50,7 @@ class InitOptions(ctypes.Structure):
         ("shm_chunk_bytes", ctypes.c_int64),
         ("shm_single_copy", ctypes.c_int32),
         ("shm_single_copy_min_bytes", ctypes.c_int64),
+        ("shm_arenas", ctypes.c_int32),
     ]
 
 
@@ -76,6 +77,10 @@ def _load():
         "shvd_local_rank": (i32, []), "shvd_local_size": (i32, []),
         "shvd_cross_rank": (i32, []), "shvd_cross_size": (i32, []),
         "shvd_shared_memory_enabled": (i32, []),
+        "shvd_shared_alloc": (vp, [i64]),
+        "shvd_shared_free": (i32, [vp]),
+        "shvd_shared_bytes": (i64, []),
+        "shvd_shared_inplace_allreduces": (i64, []),
         "shvd_process_set_size": (i32, [i32]),
         "shvd_process_set_rank": (i32, [i32]),
         "shvd_process_set_ranks": (i32, [i32, p_i32, i32]),

@@ -21,7 +21,8 @@ Run it with ``spark-hvd-run -np 4 python train.py`` (or ``spark_hvd.spark.run``)
 Modules: ``collectives`` (async and in-place ops, handles, join, barrier),
 ``differentiable`` (the synchronous ops, with autograd), ``functions`` (broadcast of
 parameters, optimizer state and objects), ``optimizer`` (DistributedOptimizer),
-``compression``, ``sync_batch_norm``; ``mpi_ops`` is kept as an alias for scripts that import it.
+``compression``, ``sync_batch_norm``, ``shared_gradients`` (gradients in memory the ranks on a
+host share); ``mpi_ops`` is kept as an alias for scripts that import it.
 """
 
 from ..common.basics import (ccl_built, cross_rank, cross_size, cuda_built, ddl_built,

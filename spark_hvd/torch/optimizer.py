@@ -30,6 +30,7 @@ from .collectives import (Adasum, Average, _allreduce_batch_async_, allreduce_as
                           grouped_allreduce_async_, sparse_allreduce_async, synchronize)
 from .compression import Compression
 from .functions import broadcast_object
+from . import shared_gradients
 
 _STEP_WARNING = ("optimizer.step() called without optimizer.skip_synchronize() context after "
                  "optimizer.synchronize(). This can cause training slowdown. You may want to "
@@ -122,6 +123,8 @@ class _DistributedOptimizer:
             self._requires_update.append(p)
             self._allreduce_delay[p] = self.backward_passes_per_step
             self._hook_handles.append(p.register_post_accumulate_grad_hook(self._make_hook(p)))
+        # Gradients that the other ranks on this host can map are reduced in place there.
+        shared_gradients.enable(params, self.process_set)
 
     def _make_hook(self, p):
         # The hook holds the optimizer weakly: a DistributedOptimizer that the script dropped
