@@ -420,7 +420,6 @@ def build_framework_library(
     return output
 
 
-
 def _display(p: Path) -> str:
     try:
         return str(p.relative_to(Path.cwd()))

@@ -37,15 +37,14 @@ def test_torch_single_process(tmp_path):
 
 @pytest.mark.timeout(200)
 @pytest.mark.parametrize("np_", [2, 3])
-def test_torch_shared_gradients(np_):
+def test_torch_shared_gradients(job, np_):
     """Over shared memory, DistributedOptimizer's gradients are allocated in the core's shared
     arenas and reduced in place there; the trained weights are bitwise equal on every rank and
     to the same job with SPARK_HVD_SHARED_GRADIENTS=0 (gradients in torch's memory, copied
     through the shared segment), and a forked child allocates apart from the arenas."""
-    from conftest import run_job
-    shared = run_job(np_, "shared_arenas", "--mode", "torch", transport="shm", timeout=90)
+    shared = job(np_, "shared_arenas", "--mode", "torch", transport="shm", timeout=90)
     shared.assert_ok(np_)
-    private = run_job(np_, "shared_arenas", "--mode", "torch", transport="shm", timeout=90,
+    private = job(np_, "shared_arenas", "--mode", "torch", transport="shm", timeout=90,
                       env={"SPARK_HVD_SHARED_GRADIENTS": "0"})
     private.assert_ok(np_)
     for rank in range(np_):

@@ -123,7 +123,8 @@ struct AndOp {
 };
 
 template <class T, class Op>
-SHVD_VECTOR_CLONES void loop_out(T* __restrict d, const T* __restrict a, const T* __restrict b, size_t n) {
+SHVD_VECTOR_CLONES void loop_out(T* __restrict d, const T* __restrict a, const T* __restrict b,
+                                 size_t n) {
   Op op;
   for (size_t i = 0; i < n; ++i) d[i] = op(a[i], b[i]);
 }
@@ -243,7 +244,7 @@ void scale_half(uint16_t* p, size_t n, double factor) {
 // one pass over the data instead of three (sum, scale, copy).
 template <class T>
 SHVD_VECTOR_CLONES void sum_scaled_twice(T* dst, T* dst2, const T* a, const T* b, size_t n,
-                      double factor) {
+                                         double factor) {
   if (factor == 1.0) {
     for (size_t i = 0; i < n; ++i) {
       const T v = a[i] + b[i];

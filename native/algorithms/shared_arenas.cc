@@ -55,6 +55,17 @@ bool new_arena(Arenas& a, size_t bytes) {
   a.total += bytes;
   return true;
 }
+// The arena holding [p, p + bytes), or -1.
+int find_arena(const Arenas& a, const void* p, size_t bytes) {
+  const auto* q = static_cast<const uint8_t*>(p);
+  for (size_t i = 0; i < a.arenas.size(); ++i) {
+    const auto* base = static_cast<const uint8_t*>(a.arenas[i].base);
+    if (q >= base && q + bytes <= base + a.arenas[i].bytes) return int(i);
+  }
+  return -1;
+}
+
+std::atomic<uint64_t> g_inplace{0};
 }  // namespace
 
 void* shared_arena_alloc(size_t bytes) {
@@ -81,13 +92,8 @@ void* shared_arena_alloc(size_t bytes) {
 bool shared_arena_free(void* p) {
   Arenas& a = state();
   if (!p) return false;
-  if (a.forked_child) {  // inherited blocks stay where they are; the lock may be held
-    for (const ArenaInfo& arena : a.arenas) {
-      const auto* base = static_cast<const uint8_t*>(arena.base);
-      if (p >= base && p < base + arena.bytes) return true;
-    }
-    return false;
-  }
+  // Inherited blocks stay where they are; the lock may have been held at the fork.
+  if (a.forked_child) return find_arena(a, p, 1) >= 0;
   std::lock_guard<std::mutex> lock(a.mu);
   auto it = a.sizes.find(p);
   if (it == a.sizes.end()) return false;
@@ -98,17 +104,13 @@ bool shared_arena_free(void* p) {
 
 bool shared_arena_locate(const void* p, size_t bytes, int* arena, uint64_t* offset) {
   Arenas& a = state();
-  const auto* q = static_cast<const uint8_t*>(p);
   std::lock_guard<std::mutex> lock(a.mu);
-  for (size_t i = 0; i < a.arenas.size(); ++i) {
-    const auto* base = static_cast<const uint8_t*>(a.arenas[i].base);
-    if (q >= base && q + bytes <= base + a.arenas[i].bytes) {
-      *arena = int(i);
-      *offset = uint64_t(q - base);
-      return true;
-    }
-  }
-  return false;
+  const int i = find_arena(a, p, bytes);
+  if (i < 0) return false;
+  *arena = i;
+  *offset = uint64_t(static_cast<const uint8_t*>(p) -
+                     static_cast<const uint8_t*>(a.arenas[size_t(i)].base));
+  return true;
 }
 
 ArenaInfo shared_arena_info(int arena) {
@@ -122,10 +124,6 @@ size_t shared_arena_bytes() {
   std::lock_guard<std::mutex> lock(a.mu);
   return a.total;
 }
-
-namespace {
-std::atomic<uint64_t> g_inplace{0};
-}  // namespace
 
 void shared_arena_count_inplace() { g_inplace.fetch_add(1, std::memory_order_relaxed); }
 uint64_t shared_arena_inplace_allreduces() { return g_inplace.load(std::memory_order_relaxed); }

@@ -85,10 +85,6 @@ class SharedMemoryGroup {
   const char* allreduce(const Communicator& comm, const std::vector<Segment>& segments,
                         DataType dtype, ReduceOp op, double scale);
 
-  // Whether allreduce() of these segments reads the peers' memory directly (the same answer on
-  // every member: it depends only on the response and on settings agreed at set-up).
-  bool single_copy(const std::vector<Segment>& segments, DataType dtype) const;
-
 
   struct Control;  // per-member progress counters at the start of the segment
 
@@ -107,6 +103,9 @@ class SharedMemoryGroup {
                                const Plan& plan, DataType dtype, ReduceOp op, double scale);
   void allreduce_single_copy(const Communicator& comm, const SegmentedBuffer& data,
                              const Plan& plan, DataType dtype, ReduceOp op, double scale);
+  // Whether the copying paths read the peers' memory directly for these segments (the same
+  // answer on every member: it depends only on the response and on settings agreed at set-up).
+  bool single_copy(const std::vector<Segment>& segments, DataType dtype) const;
   // Reduces in place in the members' arenas; false (on every member alike) when some member's
   // tensors of this response are not all in its arenas.
   bool allreduce_in_arenas(const Communicator& comm, const SegmentedBuffer& data,

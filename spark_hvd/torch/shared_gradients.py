@@ -18,6 +18,7 @@ when it sets up shared memory, and falls back on every rank alike).
 """
 
 import ctypes
+import functools
 import os
 
 import torch
@@ -27,25 +28,22 @@ from ..common._native import lib as core
 
 _LIBRARY = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "_core",
                         "libspark_hvd_torch.so")
-_state = {"library": None, "installed": None}
 
 
+@functools.cache
 def _library():
     """libspark_hvd_torch.so with its signatures, installed as torch's CPU allocator (None when it
-    is not built or torch kept another allocator)."""
-    if _state["installed"] is None:
-        _state["installed"] = False
-        if os.path.exists(_LIBRARY):
-            so = ctypes.CDLL(_LIBRARY)
-            so.shvd_torch_install_allocator.restype = ctypes.c_int32
-            so.shvd_torch_install_allocator.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
-            so.shvd_torch_serve_size.restype = ctypes.c_int32
-            so.shvd_torch_serve_size.argtypes = [ctypes.c_int64]
-            alloc = ctypes.cast(core.shvd_shared_alloc, ctypes.c_void_p)
-            free = ctypes.cast(core.shvd_shared_free, ctypes.c_void_p)
-            if so.shvd_torch_install_allocator(alloc, free) == 0:
-                _state.update(library=so, installed=True)
-    return _state["library"]
+    is not built or torch kept another allocator). Loaded and installed once per process."""
+    if not os.path.exists(_LIBRARY):
+        return None
+    so = ctypes.CDLL(_LIBRARY)
+    so.shvd_torch_install_allocator.restype = ctypes.c_int32
+    so.shvd_torch_install_allocator.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+    so.shvd_torch_serve_size.restype = ctypes.c_int32
+    so.shvd_torch_serve_size.argtypes = [ctypes.c_int64]
+    alloc = ctypes.cast(core.shvd_shared_alloc, ctypes.c_void_p)
+    free = ctypes.cast(core.shvd_shared_free, ctypes.c_void_p)
+    return so if so.shvd_torch_install_allocator(alloc, free) == 0 else None
 
 
 def enable(params, process_set):

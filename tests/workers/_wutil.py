@@ -77,6 +77,14 @@ class Checks:
         print(f"OK rank={self.rank} checks={self.count} {extra}".rstrip(), flush=True)
 
 
+def apply_rank_env() -> None:
+    """Sets the variables only this rank sees: ENV_OF_RANK_<rank>="NAME=VALUE ..." (to test
+    whose settings win when ranks differ). Call before init."""
+    for item in os.environ.get(f"ENV_OF_RANK_{os.environ.get('SPARK_HVD_RANK')}", "").split():
+        key, _, value = item.partition("=")
+        os.environ[key] = value
+
+
 def seed_of(*parts) -> int:
     return zlib.crc32(repr(parts).encode())
 

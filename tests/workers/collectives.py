@@ -14,7 +14,7 @@ import time
 import numpy as np
 
 import spark_hvd.numpy as hvd
-from _wutil import (ALL_DTYPES, Checks, close, deny_process_vm_readv, describe_diff, digest,
+from _wutil import (ALL_DTYPES, Checks, apply_rank_env, close, deny_process_vm_readv, describe_diff, digest,
                     make_input, ref_adasum, tolerance)
 
 SHAPES = [(0,), (1,), (7,), (3, 5), (2, 3, 4), (1031,), (33, 1025)]
@@ -513,10 +513,7 @@ def main():
     size = int(os.environ.get("SPARK_HVD_SIZE", "1"))  # 1: started without a launcher
     if os.environ.get("DENY_PROCESS_VM_READV_RANK") == os.environ.get("SPARK_HVD_RANK"):
         deny_process_vm_readv()  # before init: the engine thread inherits the filter
-    # Settings only this rank sees ("NAME=VALUE ..."), to test whose settings win.
-    for item in os.environ.get(f"ENV_OF_RANK_{os.environ.get('SPARK_HVD_RANK')}", "").split():
-        key, _, value = item.partition("=")
-        os.environ[key] = value
+    apply_rank_env()
     # Two subsets: all ranks but the last, and all but rank 0 (the coordinator). With two
     # ranks these are the one-rank sets [0] and [1].
     subsets = [list(range(size - 1)), list(range(1, size))]

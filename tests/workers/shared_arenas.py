@@ -21,7 +21,7 @@ import sys
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _wutil import Checks  # noqa: E402
+from _wutil import Checks, apply_rank_env  # noqa: E402
 
 DTYPES = [np.uint8, np.int8, np.int32, np.int64, np.float16, np.float32, np.float64]
 
@@ -133,10 +133,7 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("--mode", choices=("numpy", "torch"), required=True)
     args = p.parse_args()
-    # Settings only this rank sees ("NAME=VALUE ..."), to test that one rank can refuse.
-    for item in os.environ.get(f"ENV_OF_RANK_{os.environ.get('SPARK_HVD_RANK')}", "").split():
-        key, _, value = item.partition("=")
-        os.environ[key] = value
+    apply_rank_env()  # to test that one rank can refuse
     if args.mode == "torch":
         import spark_hvd.torch as hvd
     else:
