@@ -10,6 +10,7 @@
 #include "reduce_kernels.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <string>
 #include <type_traits>
@@ -222,10 +223,19 @@ KernelFn select_kernel(DataType t, ReduceOp op) {
   throw OpMismatchError("unsupported reduction op code " + std::to_string(static_cast<int>(op)));
 }
 
-template <class T>
-SHVD_VECTOR_CLONES void scale_plain(T* __restrict p, size_t n, double factor) {
-  // In double, then truncated toward zero for integers (Horovod's CPU behaviour).
-  for (size_t i = 0; i < n; ++i) p[i] = static_cast<T>(static_cast<double>(p[i]) * factor);
+// Scaling multiplies in double (S), then converts back, truncating toward zero for integers
+// (Horovod's CPU behaviour). A float scaled by a power of two (Average over 2, 4, 8... ranks)
+// gives the same bits multiplied in float: the exact product is rounded once either way. Float
+// arithmetic there runs at twice double's vector width.
+template <class T, class S = double>
+SHVD_VECTOR_CLONES void scale_plain(T* __restrict p, size_t n, S factor) {
+  for (size_t i = 0; i < n; ++i) p[i] = static_cast<T>(static_cast<S>(p[i]) * factor);
+}
+
+// Whether multiplying a float by `factor` in float gives the bits the double product does.
+bool exact_in_float(double factor) {
+  int e;
+  return std::frexp(factor, &e) == 0.5 && e >= -125 && e <= 128;  // 2^-126 .. 2^127
 }
 
 template <float (*Widen)(uint16_t), uint16_t (*Narrow)(float)>
@@ -242,10 +252,10 @@ void scale_half(uint16_t* p, size_t n, double factor) {
 
 // dst = (a + b) * factor in the same arithmetic as a sum then scale_plain, copied to dst2:
 // one pass over the data instead of three (sum, scale, copy).
-template <class T>
+template <class T, class S = double>
 SHVD_VECTOR_CLONES void sum_scaled_twice(T* dst, T* dst2, const T* a, const T* b, size_t n,
-                                         double factor) {
-  if (factor == 1.0) {
+                                         S factor) {
+  if (factor == 1) {
     for (size_t i = 0; i < n; ++i) {
       const T v = a[i] + b[i];
       dst[i] = v;
@@ -253,7 +263,7 @@ SHVD_VECTOR_CLONES void sum_scaled_twice(T* dst, T* dst2, const T* a, const T* b
     }
   } else {
     for (size_t i = 0; i < n; ++i) {
-      const T v = static_cast<T>(static_cast<double>(a[i] + b[i]) * factor);
+      const T v = static_cast<T>(static_cast<S>(a[i] + b[i]) * factor);
       dst[i] = v;
       dst2[i] = v;
     }
@@ -277,10 +287,14 @@ void reduce_out_scaled(void* dst, void* copy_to, const void* a, const void* b, s
                        DataType dtype, ReduceOp op, double factor) {
   if (count == 0) return;
   if (op == ReduceOp::kSum || op == ReduceOp::kAverage) {
-    if (dtype == DataType::kFloat32)
-      return sum_scaled_twice(static_cast<float*>(dst), static_cast<float*>(copy_to),
-                              static_cast<const float*>(a), static_cast<const float*>(b), count,
-                              factor);
+    if (dtype == DataType::kFloat32) {
+      auto* d = static_cast<float*>(dst);
+      auto* d2 = static_cast<float*>(copy_to);
+      auto* fa = static_cast<const float*>(a);
+      auto* fb = static_cast<const float*>(b);
+      if (exact_in_float(factor)) return sum_scaled_twice(d, d2, fa, fb, count, float(factor));
+      return sum_scaled_twice(d, d2, fa, fb, count, factor);
+    }
     if (dtype == DataType::kFloat64)
       return sum_scaled_twice(static_cast<double*>(dst), static_cast<double*>(copy_to),
                               static_cast<const double*>(a), static_cast<const double*>(b),
@@ -303,7 +317,10 @@ void scale_buffer(void* buf, size_t count, DataType dtype, double factor) {
       return scale_half<h2f, f2h>(static_cast<uint16_t*>(buf), count, factor);
     case DataType::kBFloat16:
       return scale_half<b2f, f2b>(static_cast<uint16_t*>(buf), count, factor);
-    case DataType::kFloat32: return scale_plain(static_cast<float*>(buf), count, factor);
+    case DataType::kFloat32:
+      if (exact_in_float(factor))
+        return scale_plain(static_cast<float*>(buf), count, static_cast<float>(factor));
+      return scale_plain(static_cast<float*>(buf), count, factor);
     case DataType::kFloat64: return scale_plain(static_cast<double*>(buf), count, factor);
     case DataType::kBool: return;
   }

@@ -231,12 +231,17 @@ bool Engine::wait_for_work() {
     }
     in_burst_ = false;
     work_pending_.store(false);
+    last_activity_ = now;  // the burst's requests go out now: its responses are due soon
     return true;
   }
 
-  // Spin while recently active: a sleep/wake pair costs more than a small collective.
-  const auto spin_until =
-      last_activity_ + std::chrono::microseconds(int64_t(options_.spin_microseconds));
+  // Spin while recently active: a sleep/wake pair costs more than a small collective. While a
+  // user thread waits for a result, its response is due as soon as the peers catch up: spin
+  // longer then (its training thread is blocked, so the core is otherwise idle).
+  const auto spin = std::chrono::microseconds(int64_t(options_.spin_microseconds));
+  const Clock::duration window =
+      handles_.waiters() > 0 ? std::max<Clock::duration>(spin, kWaiterSpin) : spin;
+  const auto spin_until = last_activity_ + window;
   while (Clock::now() < std::min(spin_until, deadline)) {
     if (work_pending_.load()) break;
     if (ncontrol && poll(control_fds, ncontrol, 0) > 0) break;

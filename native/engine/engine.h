@@ -161,6 +161,9 @@ class Engine {
   static constexpr std::chrono::microseconds kSubmissionPause{50};
   static constexpr int kMaxBurstCycles = 10;
   static constexpr int kMaxDeferredCycles = 100;
+  // How long the engine spins for a response while a user thread waits for it (a wake-up
+  // from poll costs about 0.1 ms on a VM; the waits it saves follow the ranks' imbalance).
+  static constexpr std::chrono::microseconds kWaiterSpin{2000};
   // True: run collectives while the user thread is still submitting (spare cores overlap them
   // with its work). False: keep collecting until a result is awaited (or the cap): on a host
   // with no spare core the engine would only preempt the threads it waits for.

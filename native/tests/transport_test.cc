@@ -363,6 +363,34 @@ void test_kernels() {
       }
     }
   }
+  // Float32 Average scaled by powers of two multiplies in float (twice the vector width): the
+  // bits must equal the double product's for any input, subnormal, huge, inf and NaN included.
+  {
+    const size_t n = 1 << 16;
+    std::vector<float> a(n), b(n), out(n), copy(n), scaled(n);
+    for (size_t i = 0; i < n; ++i) {
+      uint32_t ua = rng(), ub = i % 3 ? uint32_t(rng()) : ua ^ (rng() & 0xff);  // cancellation
+      if (i % 5 == 0) ua &= 0x80ffffffu;  // tiny exponents: subnormal sums and products
+      memcpy(&a[i], &ua, 4);
+      memcpy(&b[i], &ub, 4);
+    }
+    auto same = [](float x, float y) {
+      return (std::isnan(x) && std::isnan(y)) || !memcmp(&x, &y, 4);
+    };
+    for (double k : {0.5, 0.25, 0x1p-10, 0x1p-126, 0x1p-127, 0x1p127, 2.0, 0.75}) {
+      reduce_out_scaled(out.data(), copy.data(), a.data(), b.data(), n, DataType::kFloat32,
+                        ReduceOp::kAverage, k);
+      scaled = a;
+      scale_buffer(scaled.data(), n, DataType::kFloat32, k);
+      for (size_t i = 0; i < n; ++i) {
+        const float sum = static_cast<float>(static_cast<double>(a[i] + b[i]) * k);
+        const float one = static_cast<float>(static_cast<double>(a[i]) * k);
+        if (!same(out[i], sum) || !same(copy[i], sum) || !same(scaled[i], one))
+          throw Failure("float32 scaling by " + std::to_string(k) + " differs from double at " +
+                        std::to_string(i));
+      }
+    }
+  }
   bool threw = false;
   try {
     float x = 0;
