@@ -38,6 +38,8 @@ template <typename F>
 int32_t guarded(F body) {
   try {
     return body();
+  } catch (const UnsupportedError& e) {
+    return fail(SHVD_ERR_UNSUPPORTED, e.what());
   } catch (const OpMismatchError& e) {
     return fail(SHVD_ERR_INVALID, e.what());
   } catch (const PeerLostError& e) {
@@ -128,7 +130,7 @@ Entry make_entry(const shvd_op& op, std::string_view name, std::string_view grou
         throw OpMismatchError("op=Adasum reduces floating-point tensors only; '" + r.name +
                               "' is " + dtype_name(r.dtype) + " (use op=Sum or Average)");
       if ((set_size & (set_size - 1)) != 0)
-        throw OpMismatchError("op=Adasum needs a power-of-two number of ranks; '" + r.name +
+        throw UnsupportedError("op=Adasum needs a power-of-two number of ranks; '" + r.name +
                               "' runs on " + std::to_string(set_size) +
                               " (use op=Average, or a process set of 2, 4, 8 ... ranks)");
     }

@@ -47,4 +47,10 @@ struct OpMismatchError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// A well-formed request that is not implemented, where Horovod raised NotImplementedError too
+// (Adasum over a number of ranks that is not a power of two).
+struct UnsupportedError : OpMismatchError {
+  using OpMismatchError::OpMismatchError;
+};
+
 }  // namespace shvd

@@ -31,8 +31,10 @@ Engine::Engine(EngineOptions options, Mesh mesh, bool shared_memory)
   for (const auto& ranks : options_.static_process_sets) sets_.add(ranks);
   if (options_.rank == 0)
     coordinator_ = std::make_unique<Coordinator>(options_.size, &sets_, options_.coordinator);
-  overlap_ = options_.overlap >= 0 ? options_.overlap != 0
-                                   : options_.local_size * 2 <= available_cpus();
+  const int cpus = available_cpus();
+  overlap_ = options_.overlap >= 0 ? options_.overlap != 0 : options_.local_size * 2 <= cpus;
+  // With more local ranks than CPUs a spinning engine would take a core a peer computes on.
+  waiter_spin_ = options_.local_size <= cpus ? kWaiterSpin : Clock::duration::zero();
   wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   control_inbox_.resize(options_.size);
   global_abort().reset();
@@ -237,10 +239,9 @@ bool Engine::wait_for_work() {
 
   // Spin while recently active: a sleep/wake pair costs more than a small collective. While a
   // user thread waits for a result, its response is due as soon as the peers catch up: spin
-  // longer then (its training thread is blocked, so the core is otherwise idle).
-  const auto spin = std::chrono::microseconds(int64_t(options_.spin_microseconds));
-  const Clock::duration window =
-      handles_.waiters() > 0 ? std::max<Clock::duration>(spin, kWaiterSpin) : spin;
+  // longer then (the waiting thread is blocked, so its core is otherwise idle).
+  const Clock::duration spin = std::chrono::microseconds(int64_t(options_.spin_microseconds));
+  const Clock::duration window = handles_.waiters() > 0 ? std::max(spin, waiter_spin_) : spin;
   const auto spin_until = last_activity_ + window;
   while (Clock::now() < std::min(spin_until, deadline)) {
     if (work_pending_.load()) break;

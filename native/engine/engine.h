@@ -164,6 +164,7 @@ class Engine {
   // How long the engine spins for a response while a user thread waits for it (a wake-up
   // from poll costs about 0.1 ms on a VM; the waits it saves follow the ranks' imbalance).
   static constexpr std::chrono::microseconds kWaiterSpin{2000};
+  Clock::duration waiter_spin_{};  // kWaiterSpin, or zero with more local ranks than CPUs
   // True: run collectives while the user thread is still submitting (spare cores overlap them
   // with its work). False: keep collecting until a result is awaited (or the cap): on a host
   // with no spare core the engine would only preempt the threads it waits for.

@@ -19,6 +19,7 @@ enum {
   SHVD_ERR_INVALID = 1,   /* bad input or ranks disagree: ValueError */
   SHVD_ERR_INTERNAL = 2,  /* peer lost / job torn down: HorovodInternalError */
   SHVD_ERR_STATE = 3,     /* not initialized, already initialized, ...: RuntimeError */
+  SHVD_ERR_UNSUPPORTED = 4, /* valid but not implemented (as in Horovod): NotImplementedError */
 };
 
 typedef struct {

@@ -76,6 +76,7 @@ absl::Status core_error() {
   switch (shvd_last_error_kind()) {
     case SHVD_ERR_INVALID: return absl::InvalidArgumentError(msg);
     case SHVD_ERR_STATE: return absl::InvalidArgumentError(msg);
+    case SHVD_ERR_UNSUPPORTED: return absl::UnimplementedError(msg);
     default: return absl::UnknownError("HorovodInternalError: " + msg);
   }
 }

@@ -15,6 +15,12 @@ class CollectiveError(ValueError, RuntimeError):
     """
 
 
+class UnsupportedError(CollectiveError, NotImplementedError):
+    """A well-formed request that is not implemented, where Horovod raised
+    ``NotImplementedError`` too (Adasum over a number of ranks that is not a power of two); a
+    :class:`CollectiveError` as well, like spark_hvd's other refusals."""
+
+
 def as_collective_error(exc):
     """``exc`` as a :class:`CollectiveError` when it is a plain ``ValueError``."""
     if isinstance(exc, ValueError) and not isinstance(exc, CollectiveError):

@@ -8,10 +8,10 @@ and every Python version.
 import ctypes
 import os
 
-from ._errors import CollectiveError
+from ._errors import CollectiveError, UnsupportedError
 from .exceptions import HorovodInternalError
 
-ERR_INVALID, ERR_INTERNAL, ERR_STATE = 1, 2, 3
+ERR_INVALID, ERR_INTERNAL, ERR_STATE, ERR_UNSUPPORTED = 1, 2, 3, 4
 
 (OP_ALLREDUCE, OP_ALLGATHER, OP_BROADCAST, OP_ALLTOALL, OP_REDUCESCATTER, OP_BARRIER, OP_JOIN,
  OP_ADD_PROCESS_SET, OP_REMOVE_PROCESS_SET) = range(9)
@@ -117,6 +117,8 @@ def raise_last_error():
     kind = lib.shvd_last_error_kind()
     if kind == ERR_INVALID:
         raise CollectiveError(message)
+    if kind == ERR_UNSUPPORTED:
+        raise UnsupportedError(message)
     if kind == ERR_INTERNAL:
         raise HorovodInternalError(message)
     raise RuntimeError(message)

@@ -5,14 +5,18 @@ rules, error messages included, so a migrated script behaves the same under torc
 
 import warnings
 
+from ._errors import UnsupportedError
 from ._ops import Adasum, Average, Sum
+
 
 def check_adasum_size(op, set_size):
     """Adasum combines ranks pairwise as a binary tree: the set needs 1, 2, 4, 8 ... ranks.
-    Checked when the optimizer is built rather than at the first allreduce in backward."""
+    Checked when the optimizer is built rather than at the first allreduce in backward, and
+    before a TF graph gets the op. ``NotImplementedError`` (and ``ValueError``), as Horovod."""
     if op == Adasum and set_size & (set_size - 1):
-        raise ValueError(f"op=Adasum needs a power-of-two number of ranks; the process set has "
-                         f"{set_size} (use op=Average, or a process set of 2, 4, 8 ... ranks)")
+        raise UnsupportedError(f"op=Adasum needs a power-of-two number of ranks; the process "
+                               f"set has {set_size} (use op=Average, or a process set of 2, 4, "
+                               f"8 ... ranks)")
 
 
 def check_optimizer_args(op, gradient_predivide_factor=1.0, num_groups=0, groups=None,

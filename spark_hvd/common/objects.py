@@ -1,8 +1,10 @@
 """broadcast_object / allgather_object, shared by every framework adapter: objects are pickled
-into uint8 NumPy arrays and moved with the core's collectives."""
+into uint8 NumPy arrays and moved with the core's collectives. Pickled with cloudpickle, as
+Horovod does, so lambdas, closures and classes defined in a function travel too."""
 
 import pickle
 
+import cloudpickle
 import numpy as np
 
 from . import _ops, basics
@@ -34,12 +36,12 @@ def _my_index(process_set):
 
 
 def broadcast_object(obj, root_rank=0, name=None, process_set=global_process_set):
-    """Returns the root rank's ``obj`` (pickled, any picklable object) on every rank of
+    """Returns the root rank's ``obj`` (any object cloudpickle can pickle) on every rank of
     ``process_set``; ``root_rank`` counts within the set."""
     set_id = process_set_id(process_set)
     name = _ops.auto_name("broadcast_object", name, set_id)
     if _my_index(process_set) == root_rank:
-        payload = np.frombuffer(pickle.dumps(obj), dtype=np.uint8)
+        payload = np.frombuffer(cloudpickle.dumps(obj), dtype=np.uint8)
     else:
         payload = None
     length = np.array([0 if payload is None else payload.size], dtype=np.int64)
@@ -51,10 +53,10 @@ def broadcast_object(obj, root_rank=0, name=None, process_set=global_process_set
 
 
 def allgather_object(obj, name=None, process_set=global_process_set):
-    """Returns the list of every rank's ``obj`` (pickled), in rank order."""
+    """Returns the list of every rank's ``obj`` (cloudpickled), in rank order."""
     set_id = process_set_id(process_set)
     name = _ops.auto_name("allgather_object", name, set_id)
-    payload = np.frombuffer(pickle.dumps(obj), dtype=np.uint8)
+    payload = np.frombuffer(cloudpickle.dumps(obj), dtype=np.uint8)
     sizes = _allgather_array(np.array([payload.size], dtype=np.int64), f"{name}.sizes", set_id)
     data = _allgather_array(payload, f"{name}.data", set_id)
     out, offset = [], 0

@@ -23,7 +23,9 @@ the others. Grouped ops are negotiated together and fused by the core.
 Errors the core reports (ranks disagree about shape, dtype, op, root...) are raised on every
 rank: eagerly as :class:`CollectiveError` (a ``ValueError``, ``RuntimeError`` and
 ``tf.errors.InvalidArgumentError`` at once); from a ``tf.function`` TensorFlow turns it into
-``tf.errors.InvalidArgumentError`` carrying the same message.
+``tf.errors.InvalidArgumentError`` carrying the same message. Adasum over a number of ranks that
+is not a power of two raises ``NotImplementedError`` when the op is called or traced, as in
+Horovod.
 """
 
 import ctypes
@@ -45,6 +47,7 @@ from ..common._native import (BFLOAT16, BOOL, FLOAT16, FLOAT32, FLOAT64, INT8, I
                               OP_BROADCAST, OP_JOIN, OP_REDUCESCATTER, UINT8)
 from ..common._ops import Adasum, Average, Sum
 from ..common._outputs import wait_output_into
+from ..common.gradients import check_adasum_size
 from ..common.process_sets import global_process_set, process_set_id
 
 _CODES = {tf.uint8: UINT8, tf.int8: INT8, tf.int16: INT16, tf.int32: INT32, tf.int64: INT64,
@@ -73,7 +76,7 @@ class CollectiveError(_errors.CollectiveError, tf.errors.InvalidArgumentError):
 
 
 def _raise_as_collective_error(e):
-    if isinstance(e, ValueError) and not isinstance(e, CollectiveError):
+    if isinstance(e, ValueError) and not isinstance(e, (CollectiveError, NotImplementedError)):
         raise CollectiveError(str(e)).with_traceback(e.__traceback__) from None
     raise e
 
@@ -376,6 +379,14 @@ def allreduce_list(tensors, name, op, prescale_factor, postscale_factor, process
     tensors = _tensors(tensors)
     if not tensors:
         return []
+    try:
+        check_adasum_size(op, member_count(process_set))
+    except NotImplementedError as e:
+        if tf.executing_eagerly():
+            raise
+        # While tracing, AutoGraph passes only builtin exception types on (others become a
+        # StagingError): Horovod's NotImplementedError, as such.
+        raise NotImplementedError(str(e)) from None
     set_id = process_set_id(process_set)
     group, names = _op_names("allreduce", name, set_id, grouped, len(tensors))
     ops = None if tf.executing_eagerly() else graph_ops()

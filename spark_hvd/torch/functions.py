@@ -89,16 +89,17 @@ def _join_tensors(value, tensors):
 
 
 def _place_state(value, param, key, group):
-    """Puts a received state value where ``load_state_dict`` would: floating-point tensors on
-    the parameter's device and dtype; ``step`` stays on the CPU unless the optimizer is
-    ``capturable``/``fused``."""
+    """Puts a received state tensor on the parameter's device, in the root's dtype; ``step``
+    stays on the CPU unless the optimizer is ``capturable``/``fused``. Unlike
+    ``load_state_dict``, which casts every floating-point state tensor to the parameter's
+    dtype, the root's dtype is kept: scalar state such as NAdam's ``mu_product`` or ASGD's
+    ``eta`` is float32 next to float64 parameters, and a cast copy would make later steps round
+    differently from the root's."""
     if isinstance(value, torch.Tensor):
         if key == "step":
             if group.get("capturable") or group.get("fused"):
                 return value.to(device=param.device, dtype=torch.float32)
             return value
-        if value.is_floating_point():
-            return value.to(device=param.device, dtype=param.dtype)
         return value.to(device=param.device)
     if isinstance(value, dict):
         return {k: _place_state(v, param, key, group) for k, v in value.items()}

@@ -459,7 +459,10 @@ def errors(c, n, rank, outsider):
              tf.ones([2], tf.uint32), match="not supported")
     c.raises("errors/string", ValueError, hvd.allgather, tf.constant(["a"]))
     if n & (n - 1):
-        c.raises("errors/adasum", ValueError, hvd.allreduce, tf.ones([2]), op=hvd.Adasum,
+        c.raises("errors/adasum", NotImplementedError, hvd.allreduce, tf.ones([2]),
+                 op=hvd.Adasum, match="power-of-two")
+        c.raises("errors/adasum_traced", NotImplementedError,
+                 tf.function(lambda: hvd.allreduce(tf.ones([2]), op=hvd.Adasum)),
                  match="power-of-two")
     else:
         want = ref_adasum([np.array([r + 1.0, 1.0, -0.5 * r]) for r in range(n)])
