@@ -558,6 +558,26 @@ def errors(c, n, rank, only_me_set):
              match="Mismatched data types")
     c.raises("op mismatch", ValueError, hvd.allreduce, torch.ones(3),
              op=hvd.Sum if rank == 0 else hvd.Max, name="e.op", match="Mismatched")
+    c.raises("ndim mismatch", E, hvd.allreduce, torch.ones(2) if rank == 0 else torch.ones(2, 1),
+             name="e.ndim", match=["e.ndim", "Mismatched shapes", "[2, 1]"])
+    c.raises("broadcast shape mismatch", E, hvd.broadcast, torch.ones(rank + 1), 0,
+             name="e.bshape", match=["e.bshape", "Mismatched shapes"])
+    other = torch.float32 if rank == 0 else torch.float64
+    c.raises("allgather dtype mismatch", E, hvd.allgather, torch.ones(2, dtype=other),
+             name="e.agdtype", match=["e.agdtype", "Mismatched data types"])
+    c.raises("alltoall dtype mismatch", E, hvd.alltoall, torch.ones(2 * n, dtype=other),
+             name="e.a2adtype", match=["e.a2adtype", "Mismatched data types"])
+    c.raises("reducescatter shape mismatch", E, hvd.reducescatter, torch.ones(n * (rank + 1)),
+             name="e.rsshape", match=["e.rsshape", "Mismatched shapes"])
+    c.raises("grouped length mismatch", E, hvd.grouped_allreduce,
+             [torch.ones(2)] * (1 if rank == 0 else 2), name="e.grp",
+             match=["e.grp", "Mismatched grouped operation"])
+    # a name still in flight on this rank is refused there; the first op is unharmed
+    h = hvd.allreduce_async(torch.full((2,), float(rank)), name="e.dup", op=hvd.Sum)
+    c.raises("duplicate in-flight name", E, hvd.allreduce_async, torch.ones(2), name="e.dup",
+             match=["e.dup", "already in flight"])
+    c.check(torch.equal(hvd.synchronize(h), torch.full((2,), float(sum(range(n))))),
+            "the op whose name was reused still completes")
     c.raises("root mismatch", ValueError, hvd.broadcast, torch.ones(3), rank % 2, name="e.root",
              match="root")
     c.raises("root out of range", ValueError, hvd.broadcast, torch.ones(3), n, name="e.root2",
