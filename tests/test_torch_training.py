@@ -52,3 +52,17 @@ def test_torch_shared_gradients(job, np_):
         assert int(private.field(rank, "inplace")) == 0, private.describe()
         assert int(private.field(rank, "held")) == 0, private.describe()
         assert shared.field(rank, "weights") == private.field(rank, "weights")
+
+
+@pytest.mark.timeout(200)
+def test_torch_gradient_buckets_do_not_change_results(job):
+    """SPARK_HVD_GRADIENT_BUCKET_BYTES only changes how gradients are batched for submission:
+    each gradient alone (0), the default 256 KiB buckets and 1 MiB buckets train bitwise the
+    same weights."""
+    weights = {}
+    for bucket in ("0", None, str(1 << 20)):
+        env = {} if bucket is None else {"SPARK_HVD_GRADIENT_BUCKET_BYTES": bucket}
+        run = job(2, "shared_arenas", "--mode", "torch", transport="shm", timeout=90, env=env)
+        run.assert_ok(2)
+        weights[bucket] = {run.field(rank, "weights") for rank in range(2)}
+    assert len(set.union(*weights.values())) == 1, weights

@@ -391,13 +391,24 @@ class _DistributedOptimizer:
                 raise
             self._synchronize()
             self._synchronized = False
+            self._tell_schedulers()
             return loss
         if self._should_synchronize:
             if self._synchronized:
                 warnings.warn(_STEP_WARNING)
             self.synchronize()
         self._synchronized = False
-        return super().step(closure)
+        loss = super().step(closure)
+        self._tell_schedulers()
+        return loss
+
+    def _tell_schedulers(self):
+        """An LR scheduler made before wrapping watches the original optimizer's ``step()``,
+        which this one replaces: tell it a step happened, or its first ``step()`` warns that
+        it came before ``optimizer.step()`` (torch's flag, set as its own wrapper would)."""
+        original = self._hvd_original()
+        if original is not None and "step" in original.__dict__:
+            original._opt_called = True
 
     # Keep torch from wrapping this step in its profiling/hook wrapper: the wrapped
     # optimizer's step (called above) already runs the step hooks, once.
@@ -484,6 +495,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     # created before wrapping patches ``optimizer.step``): those would bypass synchronize().
     dist.__dict__.update({k: v for k, v in optimizer.__dict__.items()
                           if k not in ("step", "zero_grad")})
+    dist._hvd_original = weakref.ref(optimizer)
     dist._hvd_setup(named_parameters, compression, backward_passes_per_step, op,
                     gradient_predivide_factor, groups, sparse_as_dense, process_set)
     return dist

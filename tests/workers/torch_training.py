@@ -296,6 +296,44 @@ class TwoHeads(torch.nn.Module):
         return self.a(h).sum() + (self.b(h).sum() if use_b else 0)
 
 
+def scheduler_and_resume(c, n, rank):
+    """An LR scheduler made on the optimizer before wrapping drives the wrapper's learning rate
+    without torch's "scheduler.step() before optimizer.step()" warning, and a checkpoint of the
+    wrapper (state_dict) resumes into a fresh one that then trains identically."""
+    torch.manual_seed(3)
+    model = mlp()
+    base = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    sched = torch.optim.lr_scheduler.StepLR(base, step_size=1, gamma=0.5)
+    opt = hvd.DistributedOptimizer(base, named_parameters=model.named_parameters())
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        lrs = []
+        for s in range(3):
+            opt.zero_grad()
+            loss_of(model, rank, f"sched{s}").backward()
+            opt.step()
+            sched.step()
+            lrs.append(opt.param_groups[0]["lr"])
+    order = [str(x.message) for x in w if "lr_scheduler.step()" in str(x.message)]
+    c.check(not order, f"scheduler warned: {order}")
+    c.check(lrs == [0.05, 0.025, 0.0125], f"learning rates {lrs}")
+    checkpoint = {"model": copy.deepcopy(model.state_dict()),
+                  "opt": copy.deepcopy(opt.state_dict())}
+    resumed = mlp()
+    opt2 = hvd.DistributedOptimizer(torch.optim.SGD(resumed.parameters(), lr=0.1, momentum=0.9),
+                                    named_parameters=resumed.named_parameters())
+    resumed.load_state_dict(checkpoint["model"])
+    opt2.load_state_dict(checkpoint["opt"])
+    c.check(opt2.param_groups[0]["lr"] == 0.0125, "resumed learning rate")
+    for m, o in ((model, opt), (resumed, opt2)):
+        o.zero_grad()
+        loss_of(m, rank, "after").backward()
+        o.step()
+    c.check(all(torch.equal(a, b) for a, b in zip(model.parameters(), resumed.parameters())),
+            "the resumed optimizer trains as the original")
+    same_everywhere(c, "resumed weights", dict(resumed.state_dict()))
+
+
 def unused_parameters(c, n, rank):
     """Rank 0 uses head b, the others never do: their zeros take part, nobody hangs."""
     torch.manual_seed(1)
@@ -619,7 +657,7 @@ def main():
     rank, n = hvd.rank(), hvd.size()
     c = Checks(rank)
     for fn, args in ((optimizer_math, ()), (adasum_optimizer, ()), (optimizer_behaviour, ()),
-                     (unused_parameters, ()),
+                     (scheduler_and_resume, ()), (unused_parameters, ()),
                      (dynamic_requires_grad, ()), (sparse_gradients, ()),
                      (process_set_optimizers, (sets,)), (broadcasts, ()), (optimizer_state, ()),
                      (sync_batch_norm, ()), (model_parallel, ())):
