@@ -449,6 +449,41 @@ def process_set_optimizers(c, n, rank, sets):
     same_everywhere(c, "process-set training", dict(model.state_dict()), process_set=mine)
 
 
+def process_set_functions(c, n, rank, sets):
+    """broadcast_parameters, broadcast_optimizer_state, broadcast_object, allgather_object,
+    barrier and SyncBatchNorm within a process set: roots count within the set, and only its
+    members take part (the other set runs the same calls at the same time)."""
+    mine = next(ps for ps in sets if ps.included())
+    members, me = mine.ranks, mine.rank()
+    root = len(members) - 1  # the set's last member
+    torch.manual_seed(10 + rank)
+    model = mlp()
+    opt = torch.optim.Adam(model.parameters(), lr=0.01 * (rank + 1))
+    loss_of(model, rank).backward()
+    opt.step()
+    before = hvd.allgather_object(digest(dict(model.state_dict())), process_set=mine)
+    hvd.broadcast_parameters(model.state_dict(), root_rank=root, process_set=mine)
+    hvd.broadcast_optimizer_state(opt, root_rank=root, process_set=mine)
+    c.check(digest(dict(model.state_dict())) == before[root],
+            "broadcast_parameters took the set root's weights")
+    c.check(opt.param_groups[0]["lr"] == 0.01 * (members[root] + 1), "set root's lr")
+    same_everywhere(c, "process-set optimizer state", opt.state_dict(), process_set=mine)
+    got = hvd.broadcast_object({"from": rank}, root_rank=root, process_set=mine)
+    c.check(got == {"from": members[root]}, f"broadcast_object in the set: {got}")
+    got = hvd.allgather_object(rank, process_set=mine)
+    c.check(got == members, f"allgather_object in the set: {got} != {members}")
+    hvd.barrier(process_set=mine)
+    # SyncBatchNorm over the set's batches only
+    xs = {r: data(r, (2 + r, 3), "psbn") for r in range(n)}
+    bn = hvd.SyncBatchNorm(3, process_set=mine).double()
+    ref = torch.nn.BatchNorm1d(3).double()
+    y = bn(xs[rank])
+    yr = ref(torch.cat([xs[r] for r in members]))
+    start = sum(2 + r for r in members[:me])
+    c.check(close(y, yr[start:start + 2 + rank], 1e-10), "SyncBatchNorm within the set")
+    c.check(close(bn.running_mean, ref.running_mean, 1e-10), "SyncBatchNorm set running mean")
+
+
 # -- broadcasts -------------------------------------------------------------------------------
 
 def broadcasts(c, n, rank):
@@ -659,7 +694,8 @@ def main():
     for fn, args in ((optimizer_math, ()), (adasum_optimizer, ()), (optimizer_behaviour, ()),
                      (scheduler_and_resume, ()), (unused_parameters, ()),
                      (dynamic_requires_grad, ()), (sparse_gradients, ()),
-                     (process_set_optimizers, (sets,)), (broadcasts, ()), (optimizer_state, ()),
+                     (process_set_optimizers, (sets,)), (process_set_functions, (sets,)),
+                     (broadcasts, ()), (optimizer_state, ()),
                      (sync_batch_norm, ()), (model_parallel, ())):
         c.run(fn.__name__, fn, c, n, rank, *args)
     c.run("timeline", timeline, c, rank, tmp)
