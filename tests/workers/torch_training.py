@@ -547,13 +547,15 @@ OPTIMIZERS = [
 
 def optimizer_state(c, n, rank):
     for name, make in OPTIMIZERS:
-        for scenario in ("root only", "everyone", "nobody"):
+        # "others only": state the root lacks is dropped on the other ranks
+        for scenario in ("root only", "everyone", "nobody", "others only"):
             tag = f"{name}/{scenario}"
             model = mlp()
             opt = make(model.parameters())
             opt.param_groups[0]["lr"] = 0.01 * (rank + 1)  # options differ too
             lr_type = type(opt.param_groups[0]["lr"])
-            steps = {"root only": 2 if rank == 0 else 0, "everyone": rank + 1, "nobody": 0}
+            steps = {"root only": 2 if rank == 0 else 0, "everyone": rank + 1, "nobody": 0,
+                     "others only": 0 if rank == 0 else 1}
             for s in range(steps[scenario]):
                 def closure(s=s):
                     opt.zero_grad()
