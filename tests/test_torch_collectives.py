@@ -12,6 +12,7 @@ def test_torch_collectives(job, np_):
 
 
 @pytest.mark.timeout(150)
-def test_torch_collectives_over_tcp(job):
+@pytest.mark.parametrize("np_", [2, 3])
+def test_torch_collectives_over_tcp(job, np_):
     """The same matrix with shared memory disabled (the adapter must not depend on it)."""
-    job(2, "torch_collectives", timeout=140, transport="tcp").assert_ok(2)
+    job(np_, "torch_collectives", timeout=140, transport="tcp").assert_ok(np_)
