@@ -483,13 +483,15 @@ def gradients(c, ps, members):
         run(what, lambda x: hvd.reducescatter(x, op=op, process_set=ps, prescale_factor=3.0),
             x_of(me), pieces * 3.0 / (n if name == "Average" else 1))
     # grouped forms
-    xa, xb = x_of(me).clone().requires_grad_(), x_of(me, 3).clone().requires_grad_()
-    ya, yb = hvd.grouped_allreduce([xa, xb], op=hvd.Sum, process_set=ps)
-    (weights(hvd.rank(), ya.shape, "ga") * ya).sum().backward(retain_graph=True)
-    (weights(hvd.rank(), yb.shape, "gb") * yb).sum().backward()
-    c.check(torch.allclose(xa.grad, sum(w_of(i, ya.shape, "ga") for i in range(n))) and
-            torch.allclose(xb.grad, sum(w_of(i, yb.shape, "gb") for i in range(n))),
-            "grad grouped_allreduce")
+    for op, k in ((hvd.Sum, 1.0), (hvd.Average, 1.0 / n)):
+        xa, xb = x_of(me).clone().requires_grad_(), x_of(me, 3).clone().requires_grad_()
+        ya, yb = hvd.grouped_allreduce([xa, xb], op=op, process_set=ps, prescale_factor=2.0)
+        (weights(hvd.rank(), ya.shape, "ga") * ya).sum().backward(retain_graph=True)
+        (weights(hvd.rank(), yb.shape, "gb") * yb).sum().backward()
+        c.check(torch.allclose(xa.grad, 2 * k * sum(w_of(i, ya.shape, "ga") for i in range(n)))
+                and torch.allclose(xb.grad,
+                                   2 * k * sum(w_of(i, yb.shape, "gb") for i in range(n))),
+                f"grad grouped_allreduce op={op}")
     xa, xb = x_of(me, me + 1).clone().requires_grad_(), x_of(me, 2).clone().requires_grad_()
     ya, yb = hvd.grouped_allgather([xa, xb], process_set=ps)
     ((weights(hvd.rank(), ya.shape, "gga") * ya).sum() +
@@ -499,11 +501,13 @@ def gradients(c, ps, members):
     sa = sum(i + 1 for i in range(me))
     c.check(torch.allclose(xa.grad, ta[sa:sa + me + 1]) and
             torch.allclose(xb.grad, tb[2 * me:2 * me + 2]), "grad grouped_allgather")
-    xa = x_of(me).clone().requires_grad_()
-    (ya,) = hvd.grouped_reducescatter([xa], op=hvd.Sum, process_set=ps)
-    (weights(hvd.rank(), ya.shape, "grs") * ya).sum().backward()
-    c.check(torch.allclose(xa.grad, torch.cat([w_of(i, (2, 3), "grs") for i in range(n)])),
-            "grad grouped_reducescatter")
+    for op, k in ((hvd.Sum, 1.0), (hvd.Average, 1.0 / n)):
+        xa = x_of(me).clone().requires_grad_()
+        (ya,) = hvd.grouped_reducescatter([xa], op=op, process_set=ps, postscale_factor=3.0)
+        (weights(hvd.rank(), ya.shape, "grs") * ya).sum().backward()
+        c.check(torch.allclose(xa.grad,
+                               3 * k * torch.cat([w_of(i, (2, 3), "grs") for i in range(n)])),
+                f"grad grouped_reducescatter op={op}")
     del W, ws
 
 
