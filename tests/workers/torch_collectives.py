@@ -188,6 +188,22 @@ class Suite:
                     compression=hvd.Compression.fp16, process_set=ps)
         want = ref_allreduce([x.half() for x in xs], "Sum").float()
         self.expect(t, got, want, *tol(torch.float16, self.n))
+        # the same compression through the grouped and reducescatter forms
+        fp16 = hvd.Compression.fp16
+        got = c.run(t + "/g", hvd.grouped_allreduce, [xs[self.me], xs[self.me] * 2],
+                    name=t + "/g", op=hvd.Sum, compression=fp16, process_set=ps) or [None] * 2
+        want2 = ref_allreduce([(x * 2).half() for x in xs], "Sum").float()
+        self.expect(t + "/g0", got[0], want, *tol(torch.float16, self.n))
+        self.expect(t + "/g1", got[1], want2, *tol(torch.float16, self.n))
+        rows = [9 // self.n + (1 if i < 9 % self.n else 0) for i in range(self.n)]
+        mine = slice(sum(rows[:self.me]), sum(rows[:self.me + 1]))
+        got = c.run(t + "/rs", hvd.reducescatter, xs[self.me], name=t + "/rs", op=hvd.Sum,
+                    compression=fp16, process_set=ps)
+        self.expect(t + "/rs", got, want[mine], *tol(torch.float16, self.n))
+        got = c.run(t + "/grs", hvd.grouped_reducescatter, [xs[self.me]], name=t + "/grs",
+                    op=hvd.Sum, compression=fp16, process_set=ps) or [None]
+        self.expect(t + "/grs", got[0], want[mine], *tol(torch.float16, self.n))
+        c.check(got[0] is not None and got[0].dtype == torch.float32, "fp16 result dtype")
 
     def grouped_allreduce(self):
         c, ps = self.c, self.ps
@@ -354,7 +370,13 @@ class Suite:
                                                name=f"{t}/gar", op=hvd.Sum, process_set=self.ps),
                    hvd.broadcast_async(xs[self.me].clone(), 0, name=f"{t}/bc",
                                        process_set=self.ps),
-                   hvd.allgather_async(xs[self.me].clone(), name=f"{t}/ag", process_set=self.ps)]
+                   hvd.allgather_async(xs[self.me].clone(), name=f"{t}/ag", process_set=self.ps),
+                   hvd.reducescatter_async(xs[self.me].clone(), name=f"{t}/rs", op=hvd.Sum,
+                                           process_set=self.ps),
+                   hvd.grouped_reducescatter_async([xs[self.me].clone()], name=f"{t}/grs",
+                                                   op=hvd.Sum, process_set=self.ps),
+                   hvd.grouped_allgather_async([xs[self.me].clone()], name=f"{t}/gag",
+                                               process_set=self.ps)]
         churn = [torch.full((257,), -7.0) for _ in range(200)]
         got = [hvd.synchronize(h) for h in handles]
         del churn
@@ -365,6 +387,11 @@ class Suite:
         self.expect(f"{t}/gar.1", got[2][1], want, rtol, atol)
         self.expect(f"{t}/bc", got[3], xs[0])
         self.expect(f"{t}/ag", got[4], torch.cat(xs))
+        rows = [257 // self.n + (1 if i < 257 % self.n else 0) for i in range(self.n)]
+        mine = want[sum(rows[:self.me]):sum(rows[:self.me + 1])]
+        self.expect(f"{t}/rs", got[5], mine, rtol, atol)
+        self.expect(f"{t}/grs", got[6][0], mine, rtol, atol)
+        self.expect(f"{t}/gag", got[7][0], torch.cat(xs))
 
     # -- layouts ----------------------------------------------------------------------------
 
