@@ -394,13 +394,14 @@ def dynamic_requires_grad(c, n, rank):
 
 
 def sparse_gradients(c, n, rank):
-    for dense in (False, True):
+    for dense, op in ((False, hvd.Average), (True, hvd.Average), (False, hvd.Sum),
+                      (True, hvd.Sum)):
         torch.manual_seed(3)
         emb = torch.nn.Embedding(10, 3, sparse=True).double()
         ref = copy.deepcopy(emb)
         opt = hvd.DistributedOptimizer(torch.optim.SGD(emb.parameters(), lr=0.5),
                                        named_parameters=emb.named_parameters(),
-                                       sparse_as_dense=dense)
+                                       sparse_as_dense=dense, op=op)
         idx = lambda r: torch.tensor([r % 10, (3 * r + 1) % 10, 7])  # noqa: E731
         (emb(idx(rank)) * data(rank, (3, 3), "sp")).sum().backward()
         opt.synchronize()
@@ -409,20 +410,21 @@ def sparse_gradients(c, n, rank):
             m = copy.deepcopy(ref)
             (m(idx(r)) * data(r, (3, 3), "sp")).sum().backward()
             want += m.weight.grad.to_dense()
-        want /= n
+        if op == hvd.Average:
+            want /= n
         g = emb.weight.grad
         c.check(g.is_sparse and close(g.to_dense(), want),
-                f"sparse grads (sparse_as_dense={dense})")
+                f"sparse grads (sparse_as_dense={dense}, op={op})")
         with opt.skip_synchronize():
             opt.step()
         opt.zero_grad()
-        same_everywhere(c, f"sparse training {dense}", dict(emb.state_dict()))
+        same_everywhere(c, f"sparse training {dense} {op}", dict(emb.state_dict()))
         # a rank without gradient in a step: an empty sparse gradient takes part
         if rank == 0:
             (emb(idx(0)) * 1.0).sum().backward()
         opt.step()
         opt.zero_grad()
-        same_everywhere(c, f"sparse, rank 0 only {dense}", dict(emb.state_dict()))
+        same_everywhere(c, f"sparse, rank 0 only {dense} {op}", dict(emb.state_dict()))
     # sparse_allreduce_async directly
     t = torch.sparse_coo_tensor(torch.tensor([[rank % 4]]), torch.tensor([float(rank + 1)]),
                                 (4,), check_invariants=True)
