@@ -97,7 +97,7 @@ class SharedMemoryGroup {
     Chunk chunk(size_t k) const;
   };
   // Starts a collective of `count` elements: takes its sequence numbers, publishes my CPU.
-  Plan start(const Communicator& comm, size_t count, size_t esize);
+  Plan start(const Communicator& comm, size_t count, size_t esize, size_t chunk_bytes);
   SharedMemoryGroup(void* base, size_t bytes, int members, const Settings& settings);
   void allreduce_through_slots(const Communicator& comm, const SegmentedBuffer& data,
                                const Plan& plan, DataType dtype, ReduceOp op, double scale);
