@@ -199,6 +199,18 @@ def deny_process_vm_readv() -> None:
         raise OSError(ctypes.get_errno(), "cannot install the seccomp filter")
 
 
+def scatter_counts(rows: int, n: int) -> list[int]:
+    """Rows each of ``n`` members gets from a reducescatter of ``rows`` rows (Horovod's rule:
+    the first ``rows % n`` members get one row more)."""
+    return [rows // n + (1 if i < rows % n else 0) for i in range(n)]
+
+
+def scatter_slice(rows: int, n: int, me: int) -> slice:
+    """The rows member ``me`` of ``n`` gets from a reducescatter of ``rows`` rows."""
+    counts = scatter_counts(rows, n)
+    return slice(sum(counts[:me]), sum(counts[:me + 1]))
+
+
 def ref_adasum(inputs):
     """Adasum of one tensor over the members (a power of two), combined pairwise as a binary
     tree like the core: (1 - a.b/2|a|^2) a + (1 - a.b/2|b|^2) b, coefficient 1 for a vector

@@ -15,7 +15,7 @@ import numpy as np
 
 import spark_hvd.numpy as hvd
 from _wutil import (ALL_DTYPES, Checks, apply_rank_env, close, deny_process_vm_readv, describe_diff, digest,
-                    make_input, ref_adasum, tolerance)
+                    make_input, ref_adasum, scatter_slice, tolerance)
 
 SHAPES = [(0,), (1,), (7,), (3, 5), (2, 3, 4), (1031,), (33, 1025)]
 # Subsets run every op and dtype too, on fewer shapes (their ranks wait for each other).
@@ -385,10 +385,7 @@ class Suite:
                 tag = self.name("rs", dname(dtype), rows, trailing, opname, pre, post)
                 xs = self.inputs(lambda i: (rows,) + trailing, dtype, tag)
                 full = ref_allreduce(xs, opname, pre, post)
-                # Horovod's rule: the first rows % n members get one row more.
-                counts = [rows // n + (1 if i < rows % n else 0) for i in range(n)]
-                start = sum(counts[:me])
-                want = full[start:start + counts[me]]
+                want = full[scatter_slice(rows, n, me)]
                 rtol, atol = tol_for(np.dtype(dtype), opname, n, pre, post)
 
                 def done(got, tag=tag, want=want, rtol=rtol, atol=atol):
@@ -474,10 +471,8 @@ class Suite:
         rows = 3 * 2 ** 20 + 1
         xs = [rng_ints(g, rows, np.float32, tag) for g in self.members]
         full = np.sum([x.astype(np.float64) for x in xs], axis=0).astype(np.float32)
-        counts = [rows // n + (1 if i < rows % n else 0) for i in range(n)]
-        start = sum(counts[:me])
         got = c.run(tag, hvd.reducescatter, xs[me], op=hvd.Sum, name=tag, process_set=self.ps)
-        self.expect(tag, got, full[start:start + counts[me]], same_everywhere=False)
+        self.expect(tag, got, full[scatter_slice(rows, n, me)], same_everywhere=False)
 
     def verify_identical(self):
         """Every member got bitwise identical results for every case."""

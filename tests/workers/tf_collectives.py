@@ -21,7 +21,7 @@ tf.config.threading.set_intra_op_parallelism_threads(1)
 tf.config.threading.set_inter_op_parallelism_threads(1)
 
 import spark_hvd.tensorflow as hvd  # noqa: E402
-from _wutil import Checks, make_input, ref_adasum  # noqa: E402
+from _wutil import Checks, make_input, ref_adasum, scatter_counts, scatter_slice  # noqa: E402
 
 DTYPES = [tf.uint8, tf.int8, tf.int16, tf.int32, tf.int64, tf.float16, tf.bfloat16, tf.float32,
           tf.float64, tf.bool]
@@ -347,10 +347,8 @@ class Suite:
                 xs = self.inputs((rows, 3), dtype, t)
                 x = tf.constant(xs[me])
                 full = ref_allreduce(xs, op_name, dtype)
-                counts = [rows // n + (1 if i < rows % n else 0) for i in range(n)]
-                start = sum(counts[:me])
                 cases.append((t, lambda x=x, op=OPS[op_name]: hvd.reducescatter(
-                    x, op=op, process_set=ps), full[start:start + counts[me]], dtype))
+                    x, op=op, process_set=ps), full[scatter_slice(rows, n, me)], dtype))
         self.batch("reducescatter", cases)
         t = "grouped_reducescatter"
         xs = [self.inputs((n, 2), tf.float32, t + "a"), self.inputs((n + 1,), tf.int32, t + "b")]
@@ -358,11 +356,8 @@ class Suite:
             [a, b], op=hvd.Sum, process_set=ps), tf.constant(xs[0][me]), tf.constant(xs[1][me]))
         for i, d in enumerate((tf.float32, tf.int32)):
             full = ref_allreduce(xs[i], "Sum", d)
-            rows = full.shape[0]
-            counts = [rows // n + (1 if j < rows % n else 0) for j in range(n)]
-            start = sum(counts[:me])
             self.expect(f"{t}/{i}", None if got is None else got[i],
-                        full[start:start + counts[me]], d)
+                        full[scatter_slice(full.shape[0], n, me)], d)
 
     def gradients(self):
         """Horovod's gradient rules, eager and traced, against closed forms."""
@@ -422,7 +417,7 @@ class Suite:
         self.expect(t, got, np.concatenate(pieces), tf.float64)
         t = "grad/reducescatter"
         rows_rs = 2 * n + 1
-        counts = [rows_rs // n + (1 if i < rows_rs % n else 0) for i in range(n)]
+        counts = scatter_counts(rows_rs, n)
         rws = [make(r, (counts[r], 3), tf.float64, "gradrw") for r in range(n)]
         xr = tf.constant(make(me, (rows_rs, 3), tf.float64, "gradxr"))
         got = c.run(t, grad_of, lambda x: tf.reduce_sum(

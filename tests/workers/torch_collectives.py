@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 import spark_hvd.torch as hvd
-from _wutil import Checks, ref_adasum, seed_of
+from _wutil import Checks, ref_adasum, scatter_slice, seed_of
 
 DTYPES = [torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.float16,
           torch.bfloat16, torch.float32, torch.float64, torch.bool]
@@ -195,8 +195,7 @@ class Suite:
         want2 = ref_allreduce([(x * 2).half() for x in xs], "Sum").float()
         self.expect(t + "/g0", got[0], want, *tol(torch.float16, self.n))
         self.expect(t + "/g1", got[1], want2, *tol(torch.float16, self.n))
-        rows = [9 // self.n + (1 if i < 9 % self.n else 0) for i in range(self.n)]
-        mine = slice(sum(rows[:self.me]), sum(rows[:self.me + 1]))
+        mine = scatter_slice(9, self.n, self.me)
         got = c.run(t + "/rs", hvd.reducescatter, xs[self.me], name=t + "/rs", op=hvd.Sum,
                     compression=fp16, process_set=ps)
         self.expect(t + "/rs", got, want[mine], *tol(torch.float16, self.n))
@@ -329,9 +328,7 @@ class Suite:
                     t = self.tag("rs", dn(dtype), shape, op)
                     xs = self.inputs(lambda i: shape, dtype, t)
                     full = ref_allreduce(xs, op)
-                    rows = [shape[0] // n + (1 if i < shape[0] % n else 0) for i in range(n)]
-                    start = sum(rows[:me])
-                    want = full[start:start + rows[me]]
+                    want = full[scatter_slice(shape[0], n, me)]
                     rt, at = tol(dtype, n)
                     got = c.run(t, hvd.reducescatter, xs[me], name=t, op=OPS[op], process_set=ps)
                     self.expect(t, got, want, rt, at)
@@ -341,17 +338,14 @@ class Suite:
                         op=hvd.Sum, process_set=ps) or []
             for k, (g, xs) in enumerate(zip(got, xss)):
                 full = ref_allreduce(xs, "Sum")
-                rows = [full.shape[0] // n + (1 if i < full.shape[0] % n else 0)
-                        for i in range(n)]
-                start = sum(rows[:me])
-                self.expect(f"{t}/{k}", g, full[start:start + rows[me]], *tol(dtype, n))
+                self.expect(f"{t}/{k}", g, full[scatter_slice(full.shape[0], n, me)],
+                            *tol(dtype, n))
         t = self.tag("rs_scale")
         xs = self.inputs(lambda i: (4, 2), torch.float64, t)
         full = ref_allreduce(xs, "Sum", 0.5, 3.0)
-        rows = [4 // n + (1 if i < 4 % n else 0) for i in range(n)]
         got = c.run(t, hvd.reducescatter, xs[me], name=t, op=hvd.Sum, process_set=ps,
                     prescale_factor=0.5, postscale_factor=3.0)
-        self.expect(t, got, full[sum(rows[:me]):sum(rows[:me + 1])], 1e-12, 1e-12)
+        self.expect(t, got, full[scatter_slice(4, n, me)], 1e-12, 1e-12)
 
     # -- inputs only the handle keeps alive ---------------------------------------------------
 
@@ -387,8 +381,7 @@ class Suite:
         self.expect(f"{t}/gar.1", got[2][1], want, rtol, atol)
         self.expect(f"{t}/bc", got[3], xs[0])
         self.expect(f"{t}/ag", got[4], torch.cat(xs))
-        rows = [257 // self.n + (1 if i < 257 % self.n else 0) for i in range(self.n)]
-        mine = want[sum(rows[:self.me]):sum(rows[:self.me + 1])]
+        mine = want[scatter_slice(257, self.n, self.me)]
         self.expect(f"{t}/rs", got[5], mine, rtol, atol)
         self.expect(f"{t}/grs", got[6][0], mine, rtol, atol)
         self.expect(f"{t}/gag", got[7][0], torch.cat(xs))
