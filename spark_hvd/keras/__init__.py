@@ -41,7 +41,7 @@ from ..tensorflow.compression import Compression
 from ..tensorflow.functions import allgather_object, broadcast_object, broadcast_variables
 from ..tensorflow.optimizer import broadcast_global_variables as _tf_broadcast_global_variables
 from ..tensorflow.sync_batch_norm import SyncBatchNormalization
-from . import callbacks
+from . import callbacks, elastic
 from .optimizer import DistributedOptimizer, PartialDistributedOptimizer, _DistributedOptimizer
 
 
@@ -81,7 +81,7 @@ def reducescatter(value, name=None, op=Average):
 
 
 def load_model(filepath, custom_optimizers=None, custom_objects=None,
-               compression=Compression.none):
+               compression=Compression.none, legacy_opts=False):
     """Loads a model saved by ``model.save`` and wraps its optimizer in
     :func:`DistributedOptimizer` (keeping the optimizer state that was saved).
 
@@ -91,7 +91,17 @@ def load_model(filepath, custom_optimizers=None, custom_objects=None,
         custom_objects: other custom classes or functions, as for
             ``keras.models.load_model``.
         compression: compression for the wrapped optimizer's allreduces.
+        legacy_opts: Horovod's switch to Keras 2's ``tf.keras.optimizers.legacy`` classes.
+            Keras 3 has no legacy optimizers, so ``True`` raises ``ValueError``; ``False``
+            (the default) is Keras 3's behaviour.
     """
+    if legacy_opts:
+        raise ValueError(
+            "load_model(legacy_opts=True): Keras 3 has no legacy optimizers "
+            "(tf.keras.optimizers.legacy is gone). Leave legacy_opts=False: the optimizer "
+            "saved with the model is loaded as its Keras 3 class; for a file that names a "
+            "Keras 2 legacy optimizer, pass the Keras 3 class to use in custom_optimizers or "
+            "custom_objects.")
     objects = {cls.__name__: cls for cls in (custom_optimizers or [])}
     objects.update(custom_objects or {})
     model = keras.models.load_model(filepath, custom_objects=objects or None)

@@ -51,6 +51,7 @@ from .gradient_tape import DistributedGradientTape, PartialDistributedGradientTa
 from .optimizer import (BroadcastGlobalVariablesHook, DistributedOptimizer,
                         broadcast_global_variables)
 from .sync_batch_norm import SyncBatchNormalization
+from . import elastic  # noqa: E402 - hvd.elastic, as in Horovod
 
 
 def _process_set_of(process_set_id):

@@ -47,6 +47,7 @@ from .functions import (allgather_object, broadcast_object, broadcast_optimizer_
                         broadcast_parameters)
 from .optimizer import DistributedOptimizer
 from .sync_batch_norm import SyncBatchNorm
+from . import elastic  # noqa: E402 - hvd.elastic, as in Horovod
 
 __all__ = [
     "Adasum", "Average", "CollectiveError", "Compression", "DistributedOptimizer",

@@ -3,3 +3,4 @@ implementation): ``import spark_hvd.tensorflow.keras as hvd`` works as Horovod's
 
 from ...keras import *  # noqa: F401,F403
 from ...keras import __all__, callbacks  # noqa: F401
+from . import elastic  # noqa: F401
