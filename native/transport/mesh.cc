@@ -30,6 +30,7 @@
 #include <set>
 
 #include "../common/hmac.h"
+#include "../common/logging.h"
 #include "shm.h"
 #include "tcp.h"
 
@@ -144,12 +145,17 @@ class MeshBuilder {
     mesh.data.resize(o_.size);
     mesh.control.resize(o_.size);
     setup_shared_memory(mesh);
+    int shm_links = 0;
+    for (const auto& link : mesh.data) shm_links += link ? 1 : 0;  // only shm pipes so far
     for (int q = 0; q < o_.size; ++q) {
       if (data_fd_[q] >= 0 && !mesh.data[q]) mesh.data[q].reset(new TcpLink(data_fd_[q], q));
       data_fd_[q] = -1;
       if (control_fd_[q] >= 0) mesh.control[q].reset(new TcpLink(control_fd_[q], q));
       control_fd_[q] = -1;
     }
+    log_message(LogLevel::kDebug, "rank %d: connected to %d peer(s) in %.3f s, %d over shared "
+                "memory", o_.rank, o_.size - 1,
+                std::chrono::duration<double>(Clock::now() - start_).count(), shm_links);
     return mesh;
   }
 
@@ -409,9 +415,9 @@ class MeshBuilder {
       // Strangers and broken peers are dropped; accepting carries on. A misconfigured rank
       // retries every 100 ms, so only the first few rejections are logged.
       if (++rejected_ <= kMaxRejectionLogs) {
-        std::fprintf(stderr, "spark_hvd: rejected an unauthenticated connection from %s (%s)%s\n",
-                     c.peer_desc.c_str(), why.c_str(),
-                     rejected_ == kMaxRejectionLogs ? "; not logging further rejections" : "");
+        log_message(LogLevel::kWarning, "rejected an unauthenticated connection from %s (%s)%s",
+                    c.peer_desc.c_str(), why.c_str(),
+                    rejected_ == kMaxRejectionLogs ? "; not logging further rejections" : "");
       }
       return;
     }
@@ -487,10 +493,9 @@ class MeshBuilder {
   }
 
   void warn_no_shm(int q, const std::string& why) {
-    std::fprintf(stderr,
-                 "spark_hvd: ranks %d and %d share a host but cannot use shared memory (%s); "
-                 "using TCP\n",
-                 std::min(o_.rank, q), std::max(o_.rank, q), why.c_str());
+    log_message(LogLevel::kWarning,
+                "ranks %d and %d share a host but cannot use shared memory (%s); using TCP",
+                std::min(o_.rank, q), std::max(o_.rank, q), why.c_str());
   }
 
   // Lower rank creates and offers; higher rank opens and answers 1 (using it) or 0 (TCP).

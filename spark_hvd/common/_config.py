@@ -1,7 +1,14 @@
 """Configuration from the environment. Every ``SPARK_HVD_*`` variable also accepts Horovod's
-``HOROVOD_*`` name so existing job configs keep working; ours wins when both are set."""
+``HOROVOD_*`` name so existing job configs keep working; ours wins when both are set.
 
+:data:`HOROVOD_VARIABLES` lists every ``HOROVOD_*`` variable Horovod 0.28.1 documents and what
+spark_hvd does with it; :func:`warn_unsupported_env` (run by ``init()``) warns once per process
+about each one that is set but not implemented, so none is silently ignored.
+"""
+
+import logging
 import os
+import sys
 
 DEFAULT_FUSION_THRESHOLD = 128 * 1024 * 1024
 
@@ -48,6 +55,8 @@ class Config:
     """Engine settings read once at ``init()``."""
 
     def __init__(self):
+        configure_logging()
+        warn_unsupported_env()
         self.fusion_threshold = env_int("FUSION_THRESHOLD", DEFAULT_FUSION_THRESHOLD)
         self.cycle_time_ms = env_float("CYCLE_TIME", 0.5)
         self.cache_capacity = env_int("CACHE_CAPACITY", 1024)
@@ -57,9 +66,18 @@ class Config:
             self.stall_warning_seconds = env_float("STALL_CHECK_TIME_SECONDS", 60.0)
         self.stall_shutdown_seconds = env_float("STALL_SHUTDOWN_TIME_SECONDS", 0.0)
         self.ring_threshold = env_int("RING_THRESHOLD", 0)
-        self.timeline = env("TIMELINE", "")
+        timeline = env("TIMELINE", "")
+        # DYNAMIC (Horovod's value): no timeline at start; start_timeline() / stop_timeline()
+        # control it at run time.
+        self.timeline_dynamic = timeline.strip().upper() == TIMELINE_DYNAMIC
+        self.timeline = "" if self.timeline_dynamic else timeline
         self.timeline_mark_cycles = env_flag("TIMELINE_MARK_CYCLES")
         self.dynamic_process_sets = env_flag("DYNAMIC_PROCESS_SETS")
+        # Accepted for Horovod's launcher flags; no effect until hierarchical collectives exist
+        # (warn_unsupported_env says so when they are on).
+        self.hierarchical_allreduce = env_flag("HIERARCHICAL_ALLREDUCE")
+        self.hierarchical_allgather = env_flag("HIERARCHICAL_ALLGATHER")
+        self.log_level = log_level()
         self.shared_memory = not env_flag("SHM_DISABLE")
         # Shared-memory allreduce tuning; 0 and None leave the core's defaults.
         self.shm_chunk_bytes = env_int("SHM_CHUNK_BYTES", 0)
@@ -67,7 +85,8 @@ class Config:
         self.shm_single_copy_min_bytes = env_int("SHM_SINGLE_COPY_MIN_BYTES", None)
         # Gradients in memory every local member maps, reduced in place (torch).
         self.shared_gradients = env_flag("SHARED_GRADIENTS", True)
-        self.start_timeout = env_float("START_TIMEOUT", 30.0)
+        # Horovod's gloo timeout bounds its connection set-up, as our start timeout does.
+        self.start_timeout = env_float("START_TIMEOUT", env_float("GLOO_TIMEOUT_SECONDS", 30.0))
         overlap = str(env("OVERLAP", "auto")).strip().lower()
         if overlap not in _OVERLAP:
             raise ValueError(f"SPARK_HVD_OVERLAP must be auto, 1 or 0, got {overlap!r}")
@@ -80,3 +99,183 @@ class Config:
                 raise ValueError(f"SPARK_HVD_{name} must be >= 0, got {value}")
         if self.cycle_time_ms < 0:
             raise ValueError(f"SPARK_HVD_CYCLE_TIME must be >= 0 ms, got {self.cycle_time_ms}")
+
+
+
+TIMELINE_DYNAMIC = "DYNAMIC"
+
+# ---- logging ------------------------------------------------------------------------------------
+
+LOG_LEVELS = ("TRACE", "DEBUG", "INFO", "WARNING", "ERROR", "FATAL")  # Horovod's names
+DEFAULT_LOG_LEVEL = "WARNING"
+_PYTHON_LEVELS = {"TRACE": 5, "DEBUG": logging.DEBUG, "INFO": logging.INFO,
+                  "WARNING": logging.WARNING, "ERROR": logging.ERROR, "FATAL": logging.CRITICAL}
+logger = logging.getLogger("spark_hvd")
+
+
+def log_level():
+    """``SPARK_HVD_LOG_LEVEL`` / ``HOROVOD_LOG_LEVEL`` (one of :data:`LOG_LEVELS`, any case;
+    default WARNING). The native core reads the same variables."""
+    value = str(env("LOG_LEVEL", DEFAULT_LOG_LEVEL)).strip().upper()
+    if value not in LOG_LEVELS:
+        _warn_once("LOG_LEVEL", f"SPARK_HVD_LOG_LEVEL / HOROVOD_LOG_LEVEL={value!r} is not one "
+                   f"of {', '.join(LOG_LEVELS)}; using {DEFAULT_LOG_LEVEL}")
+        return DEFAULT_LOG_LEVEL
+    return value
+
+
+def python_log_level(name):
+    """The :mod:`logging` level of one of :data:`LOG_LEVELS`."""
+    return _PYTHON_LEVELS[name]
+
+
+def configure_logging():
+    """Sets the ``spark_hvd`` logger's level from the environment. Unless the application gave
+    that logger handlers of its own, its records go to stderr as ``spark_hvd LEVEL: message``
+    (and not also to the root logger's handlers)."""
+    logger.setLevel(_PYTHON_LEVELS[log_level()])
+    if not logger.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("spark_hvd %(levelname)s: %(message)s"))
+        logger.addHandler(handler)
+        logger.propagate = False
+
+
+_warned = set()
+
+
+def _warn_once(key, message):
+    if key in _warned:
+        return
+    _warned.add(key)
+    if not logger.handlers:
+        configure_logging()
+    logger.warning(message)
+
+
+# ---- Horovod's variables ----------------------------------------------------------------------
+
+HONOURED = "honoured"
+NO_EFFECT = "accepted, no effect"
+WARNED = "warned"
+BOOTSTRAP = "bootstrap"
+
+
+class HorovodVariable:
+    """What spark_hvd does with one ``HOROVOD_<name>`` variable.
+
+    ``status``: HONOURED (read, also as ``SPARK_HVD_<name>``), NO_EFFECT (nothing to do here;
+    ``reason`` says why, no warning), WARNED (not implemented: a warning once per process when
+    set), BOOTSTRAP (set by a launcher and read where the job's environment is discovered).
+    ``flag``: a WARNED switch warns only when on (``=0`` asks for what spark_hvd does anyway);
+    ``accepted``: values of a WARNED setting that already describe spark_hvd (no warning).
+    """
+
+    def __init__(self, status, reason, flag=False, accepted=()):
+        self.status = status
+        self.reason = reason
+        self.flag = flag
+        self.accepted = accepted
+
+
+_INSTALLER = ("an option of Horovod's installer (pip install horovod); spark_hvd builds with "
+              "build.py")
+_NO_GPU = "GPU (CUDA, NCCL, NVTX) only; this build stages CUDA tensors through host memory"
+_NOT_MPI = "MPI is not a transport here (spark_hvd uses its own TCP/shared-memory transport)"
+_OUR_TRANSPORT = ("spark_hvd always uses its own TCP/shared-memory transport (Horovod's gloo "
+                  "slot; gloo_enabled() is True); other controllers and CPU operations are not "
+                  "available")
+_AUTOTUNE = ("spark_hvd does not implement autotuning yet; set the fusion threshold and cycle "
+             "time yourself (HOROVOD_FUSION_THRESHOLD, HOROVOD_CYCLE_TIME)")
+_HIERARCHICAL = ("hierarchical and torus collectives are not implemented yet; collectives run "
+                 "flat over all ranks (shared memory between the ranks of a host)")
+_ELASTIC = ("elastic training is not implemented yet; run a fixed-size job and restart it from "
+            "a checkpoint when a rank fails")
+
+# Every HOROVOD_* variable of Horovod 0.28.1's documentation (docs/*.rst) and
+# horovod/common/common.h, except HOROVOD_MPI / HOROVOD_GLOO / HOROVOD_CCL, which are values of
+# HOROVOD_CONTROLLER and HOROVOD_CPU_OPERATIONS there, not variables.
+HOROVOD_VARIABLES = {
+    # Engine settings, read by Config at init().
+    "FUSION_THRESHOLD": HorovodVariable(HONOURED, "fusion buffer size in bytes"),
+    "CYCLE_TIME": HorovodVariable(HONOURED, "burst window in milliseconds"),
+    "CACHE_CAPACITY": HorovodVariable(HONOURED, "response cache entries (0 disables it)"),
+    "STALL_CHECK_DISABLE": HorovodVariable(HONOURED, "no stall warnings"),
+    "STALL_CHECK_TIME_SECONDS": HorovodVariable(HONOURED, "stall warning after this long"),
+    "STALL_SHUTDOWN_TIME_SECONDS": HorovodVariable(HONOURED, "stop the job after a stall "
+                                                   "this long"),
+    "TIMELINE": HorovodVariable(HONOURED, "timeline file of rank 0, or DYNAMIC: none at start, "
+                                "hvd.start_timeline() / hvd.stop_timeline() control it"),
+    "TIMELINE_MARK_CYCLES": HorovodVariable(HONOURED, "cycle markers in the timeline"),
+    "DYNAMIC_PROCESS_SETS": HorovodVariable(HONOURED, "add_process_set / remove_process_set "
+                                            "(also init(process_sets='dynamic'))"),
+    "START_TIMEOUT": HorovodVariable(HONOURED, "seconds the ranks wait for each other at start"),
+    "GLOO_TIMEOUT_SECONDS": HorovodVariable(HONOURED, "the start timeout when START_TIMEOUT is "
+                                            "not set (launcher: --gloo-timeout-seconds)"),
+    "LOG_LEVEL": HorovodVariable(HONOURED, "level of the launcher's, the Python side's and the "
+                                 "native core's messages"),
+    "SPARK_START_TIMEOUT": HorovodVariable(HONOURED, "spark_hvd.spark.run's start timeout"),
+    # Nothing to do in spark_hvd: said why, no warning.
+    "LOG_HIDE_TIME": HorovodVariable(NO_EFFECT, "spark_hvd's log lines carry no time stamp "
+                                     "(the launcher's --prefix-timestamp adds one)"),
+    "MPI_THREADS_DISABLE": HorovodVariable(NO_EFFECT, _NOT_MPI),
+    "ADASUM_MPI_CHUNK_SIZE": HorovodVariable(NO_EFFECT, _NOT_MPI),
+    "NUM_NCCL_STREAMS": HorovodVariable(NO_EFFECT, _NO_GPU),
+    "BATCH_D2D_MEMCOPIES": HorovodVariable(NO_EFFECT, _NO_GPU),
+    "ENABLE_ASYNC_COMPLETION": HorovodVariable(NO_EFFECT, _NO_GPU),
+    "DISABLE_NVTX_RANGES": HorovodVariable(NO_EFFECT, _NO_GPU),
+    "CCL_CACHE": HorovodVariable(NO_EFFECT, "oneCCL is not supported"),
+    "SPARK_USE_LOCAL_RANK_GPU_INDEX": HorovodVariable(
+        NO_EFFECT, "spark_hvd.spark.run always orders a task's CUDA_VISIBLE_DEVICES so that "
+        "device hvd.local_rank() is its own"),
+    # Not implemented: a warning once per process when set.
+    "AUTOTUNE": HorovodVariable(WARNED, _AUTOTUNE, flag=True),
+    "AUTOTUNE_LOG": HorovodVariable(WARNED, _AUTOTUNE),
+    "AUTOTUNE_WARMUP_SAMPLES": HorovodVariable(WARNED, _AUTOTUNE),
+    "AUTOTUNE_STEPS_PER_SAMPLE": HorovodVariable(WARNED, _AUTOTUNE),
+    "AUTOTUNE_BAYES_OPT_MAX_SAMPLES": HorovodVariable(WARNED, _AUTOTUNE),
+    "AUTOTUNE_GAUSSIAN_PROCESS_NOISE": HorovodVariable(WARNED, _AUTOTUNE),
+    "HIERARCHICAL_ALLREDUCE": HorovodVariable(WARNED, _HIERARCHICAL, flag=True),
+    "HIERARCHICAL_ALLGATHER": HorovodVariable(WARNED, _HIERARCHICAL, flag=True),
+    "TORUS_ALLREDUCE": HorovodVariable(WARNED, _HIERARCHICAL, flag=True),
+    "ELASTIC": HorovodVariable(WARNED, _ELASTIC, flag=True),
+    "ELASTIC_TIMEOUT": HorovodVariable(WARNED, _ELASTIC),
+    "THREAD_AFFINITY": HorovodVariable(WARNED, "pinning the background thread to cores is not "
+                                       "implemented; use taskset or numactl"),
+    "DISABLE_GROUP_FUSION": HorovodVariable(WARNED, "grouped ops may still be fused with other "
+                                            "ops", flag=True),
+    "ENABLE_XLA_OPS": HorovodVariable(WARNED, "there are no XLA ops; compile Keras models with "
+                                      "jit_compile=False", flag=True),
+    "CONTROLLER": HorovodVariable(WARNED, _OUR_TRANSPORT, accepted=("gloo",)),
+    "CPU_OPERATIONS": HorovodVariable(WARNED, _OUR_TRANSPORT, accepted=("gloo",)),
+    # Set by horovodrun / Horovod's Gloo launcher for each rank; read when the job is discovered.
+    **{name: HorovodVariable(BOOTSTRAP, "set by horovodrun for each rank")
+       for name in ("RANK", "SIZE", "LOCAL_RANK", "LOCAL_SIZE", "CROSS_RANK", "CROSS_SIZE",
+                    "HOSTNAME", "GLOO_RENDEZVOUS_ADDR", "GLOO_RENDEZVOUS_PORT", "GLOO_IFACE")},
+    # Options of Horovod's installer, meaningless once installed.
+    **{name: HorovodVariable(NO_EFFECT, _INSTALLER)
+       for name in ("WITH_PYTORCH", "WITH_TENSORFLOW", "WITH_MXNET", "WITH_MPI", "WITH_GLOO",
+                    "WITHOUT_PYTORCH", "WITHOUT_TENSORFLOW", "WITHOUT_MXNET", "WITHOUT_MPI",
+                    "WITHOUT_GLOO", "GPU", "GPU_OPERATIONS", "GPU_ALLREDUCE", "GPU_ALLGATHER",
+                    "GPU_BROADCAST", "GPU_ALLTOALL", "GPU_REDUCESCATTER", "ALLOW_MIXED_GPU_IMPL",
+                    "BUILD_ARCH_FLAGS", "BUILD_CUDA_CC_LIST", "CMAKE", "CUDA_HOME", "ROCM_HOME",
+                    "NCCL_HOME", "NCCL_INCLUDE", "NCCL_LIB", "NCCL_LINK", "DEBUG")},
+}
+
+
+def warn_unsupported_env():
+    """Warns (once per process and variable, through the ``spark_hvd`` logger) about every
+    WARNED variable of :data:`HOROVOD_VARIABLES` that is set, as ``HOROVOD_<name>`` or
+    ``SPARK_HVD_<name>``, to something spark_hvd does not do."""
+    for name, var in HOROVOD_VARIABLES.items():
+        if var.status != WARNED or name in _warned:
+            continue
+        value = env(name)
+        if value is None:
+            continue
+        if var.flag and not env_flag(name):
+            continue
+        if value.strip().lower() in var.accepted:
+            continue
+        given = "SPARK_HVD_" + name if os.environ.get("SPARK_HVD_" + name) else "HOROVOD_" + name
+        _warn_once(name, f"{given}={value} is set but {var.reason}; it is ignored")

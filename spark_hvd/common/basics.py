@@ -21,7 +21,9 @@ def init(comm=None, process_sets=None):
             environment set by ``spark-hvd-run``, ``mpirun`` or ``spark_hvd.spark.run``, and a
             process started on its own is a job of size 1.
         process_sets: static process sets (:class:`ProcessSet` objects or lists of ranks) that
-            are registered on every rank, in order.
+            are registered on every rank, in order; or ``"dynamic"`` (Horovod's value) to
+            allow :func:`add_process_set` / :func:`remove_process_set` at run time, as
+            ``SPARK_HVD_DYNAMIC_PROCESS_SETS=1`` (or ``HOROVOD_DYNAMIC_PROCESS_SETS=1``) does.
 
     Calling ``init`` again after :func:`shutdown` starts a fresh job connection.
     """
@@ -33,11 +35,20 @@ def init(comm=None, process_sets=None):
             raise ValueError("init(comm=[ranks]) is not supported; pass an mpi4py communicator "
                              "or use process_sets=[...] for subsets of ranks")
         config = _config.Config()
+        if isinstance(process_sets, str):
+            if process_sets != "dynamic":
+                raise ValueError(f"init(process_sets={process_sets!r}): pass 'dynamic' or a "
+                                 "list of process sets")
+            config.dynamic_process_sets = True
+            process_sets = None
         static = _static_ranks(process_sets)
         placement = _bootstrap.start(config, comm=comm, process_sets=static,
                                      generation=_state["generation"])
         _state.update(generation=_state["generation"] + 1, config=config, placement=placement)
         _register_static(process_sets)
+        _config.logger.debug("initialized rank %d of %d (local rank %s of %s, cross rank %s of "
+                             "%s)", placement.rank, placement.size, placement.local_rank,
+                             placement.local_size, placement.cross_rank, placement.cross_size)
 
 
 def shutdown():
@@ -178,12 +189,19 @@ def mpirun_available():
 
 def start_timeline(file_path, mark_cycles=False):
     """Starts writing a Chrome trace of every tensor's phases to ``file_path`` (rank 0 writes it;
-    open it in chrome://tracing or https://ui.perfetto.dev)."""
+    open it in chrome://tracing or https://ui.perfetto.dev); ``mark_cycles`` adds a marker at
+    the start of every engine cycle.
+
+    Every rank calls it. ``SPARK_HVD_TIMELINE=DYNAMIC`` (or ``HOROVOD_TIMELINE=DYNAMIC``) starts
+    the job without a timeline for this function to start later; unlike Horovod, it also works
+    without that setting, and while a timeline runs it closes that one and starts the new file.
+    """
     _require_init()
     check(lib.shvd_start_timeline(str(file_path).encode(), 1 if mark_cycles else 0))
 
 
 def stop_timeline():
-    """Stops the timeline started by :func:`start_timeline` or ``SPARK_HVD_TIMELINE``."""
+    """Stops the timeline started by :func:`start_timeline` or ``SPARK_HVD_TIMELINE`` and
+    closes its file (a valid JSON trace); stopping when none runs does nothing."""
     _require_init()
     check(lib.shvd_stop_timeline())

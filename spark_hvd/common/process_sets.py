@@ -1,8 +1,9 @@
 """Process sets: subsets of ranks that run collectives among themselves.
 
 Horovod's semantics: static sets are given to ``init(process_sets=...)``; with
-``SPARK_HVD_DYNAMIC_PROCESS_SETS=1`` every rank may call :func:`add_process_set` /
-:func:`remove_process_set` collectively at run time. Every op takes ``process_set=``.
+``init(process_sets="dynamic")`` or ``SPARK_HVD_DYNAMIC_PROCESS_SETS=1`` every rank may call
+:func:`add_process_set` / :func:`remove_process_set` collectively at run time. Every op takes
+``process_set=``.
 """
 
 import ctypes
@@ -122,8 +123,9 @@ def _negotiate(op, ranks=(), set_id=0):
     from . import _ops
     basics._require_init()
     if not basics.config().dynamic_process_sets:
-        raise ValueError("dynamic process sets are disabled: set SPARK_HVD_DYNAMIC_PROCESS_SETS=1 "
-                         "(or HOROVOD_DYNAMIC_PROCESS_SETS=1) before init() to add or remove "
+        raise ValueError("dynamic process sets are disabled: call init(process_sets='dynamic') "
+                         "or set SPARK_HVD_DYNAMIC_PROCESS_SETS=1 (or "
+                         "HOROVOD_DYNAMIC_PROCESS_SETS=1) before init() to add or remove "
                          "process sets at run time")
     name = f"__process_set__.{next(_dynamic_counter)}"
     handle = _ops.enqueue_one(op, name, 0, (), None, None, splits=tuple(ranks),
