@@ -140,9 +140,19 @@ Entry make_entry(const shvd_op& op, std::string_view name, std::string_view grou
   }
   if ((r.op == OpType::kAllreduce || r.op == OpType::kBroadcast) && !e.output)
     throw OpMismatchError("'" + r.name + "': no output buffer");
-  if (r.op == OpType::kBroadcast && (r.root < 0 || r.root >= set_size))
-    throw OpMismatchError("broadcast of '" + r.name + "': root rank " + std::to_string(r.root) +
-                          " is outside the process set of size " + std::to_string(set_size));
+  if (r.op == OpType::kBroadcast) {
+    // As in Horovod, root_rank is a global rank; the set's algorithms count within the set.
+    const int root_in_set = r.process_set == 0 ? (r.root >= 0 && r.root < set_size ? r.root : -1)
+                                               : sets.index_of(r.process_set, r.root);
+    if (root_in_set < 0)
+      throw OpMismatchError("broadcast of '" + r.name + "': root rank " + std::to_string(r.root) +
+                            (r.process_set == 0
+                                 ? " is not a rank of this job of " + std::to_string(set_size)
+                                 : " is not a member of process set " +
+                                       std::to_string(r.process_set)) +
+                            " (root_rank is a global rank, as in Horovod)");
+    r.root = root_in_set;
+  }
   if ((r.op == OpType::kAllgather || r.op == OpType::kAlltoall || r.op == OpType::kReducescatter) &&
       r.shape.empty())
     throw OpMismatchError(std::string(op_type_name(r.op)) + " of '" + r.name +

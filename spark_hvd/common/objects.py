@@ -29,18 +29,13 @@ def _allgather_array(array, name, set_id):
     return np.frombuffer(data, dtype=array.dtype).reshape(shape)
 
 
-def _my_index(process_set):
-    if process_set is None or process_set.process_set_id == 0:
-        return basics.rank()
-    return process_set.rank()
-
-
 def broadcast_object(obj, root_rank=0, name=None, process_set=global_process_set):
     """Returns the root rank's ``obj`` (any object cloudpickle can pickle) on every rank of
-    ``process_set``; ``root_rank`` counts within the set."""
+    ``process_set``. ``root_rank`` is a global rank (Horovod's rule) and must be a member of
+    ``process_set``."""
     set_id = process_set_id(process_set)
     name = _ops.auto_name("broadcast_object", name, set_id)
-    if _my_index(process_set) == root_rank:
+    if basics.rank() == root_rank:
         payload = np.frombuffer(cloudpickle.dumps(obj), dtype=np.uint8)
     else:
         payload = None

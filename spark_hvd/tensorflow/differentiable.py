@@ -9,6 +9,7 @@ are accepted for Horovod compatibility (tensors are staged through host memory).
 
 import tensorflow as tf
 
+from ..common import basics
 from ..common.gradients import (GRAD_OP_ALLGATHER, GRAD_OP_BROADCAST, reducescatter_grad_scale)
 from ..common.process_sets import global_process_set
 from .collectives import (Average, Sum, allgather_list, allreduce_list, alltoall_pair,
@@ -177,8 +178,8 @@ def grouped_allgather(tensors, name=None, ignore_name_scope=False,
 @_plain
 def broadcast(tensor, root_rank, name=None, ignore_name_scope=False,
               process_set=global_process_set):
-    """Returns ``root_rank``'s ``tensor`` on every rank (``root_rank`` counts within
-    ``process_set``). Differentiable: the gradient is averaged over the ranks onto the root,
+    """Returns ``root_rank``'s ``tensor`` on every rank of ``process_set`` (``root_rank`` is a
+    global rank, as in Horovod, and must belong to the set). Differentiable: the gradient is averaged over the ranks onto the root,
     zero elsewhere."""
     root_rank = int(root_rank)
 
@@ -187,7 +188,7 @@ def broadcast(tensor, root_rank, name=None, ignore_name_scope=False,
 
     def backward(dys, _ys):
         reduced = allreduce_list(dys, None, GRAD_OP_BROADCAST, 1.0, 1.0, process_set, False)
-        if member_index(process_set) != root_rank:
+        if basics.rank() != root_rank:
             return [tf.zeros_like(r) for r in reduced]
         return reduced
     return _differentiable([tensor], forward, backward)[0]

@@ -9,6 +9,7 @@ as it ran forward.
 
 import torch
 
+from ..common.basics import rank
 from ..common.gradients import (GRAD_OP_ALLGATHER, GRAD_OP_BROADCAST, reducescatter_grad_scale,
                                 slice_offset)
 from ..common.process_sets import global_process_set
@@ -198,14 +199,14 @@ class HorovodBroadcast(torch.autograd.Function):
     def backward(ctx, grad_output):
         ps = ctx.process_set
         reduced = allreduce(grad_output, op=GRAD_OP_BROADCAST, process_set=ps)
-        if _member_index(ps) != ctx.root_rank:
+        if rank() != ctx.root_rank:
             reduced = torch.zeros_like(reduced)
         return reduced, None, None, None
 
 
 def broadcast(tensor, root_rank, name=None, process_set=global_process_set):
-    """Returns the ``root_rank``'s ``tensor`` on every rank (a new tensor; ``root_rank``
-    counts within ``process_set``). The input is not modified. Differentiable."""
+    """Returns the ``root_rank``'s ``tensor`` on every rank (a new tensor; ``root_rank`` is
+    a global rank, as in Horovod, and must belong to ``process_set``). The input is not modified. Differentiable."""
     if _needs_grad([tensor]):
         return HorovodBroadcast.apply(tensor, root_rank, name, process_set)
     return synchronize(broadcast_async(tensor, root_rank, name, process_set))

@@ -6,6 +6,7 @@
 
 import torch
 
+from ..common.basics import rank
 from ..common.objects import allgather_object, broadcast_object
 from ..common.process_sets import global_process_set, process_set_id
 from .collectives import _auto_name, _broadcast_many_, synchronize
@@ -25,7 +26,8 @@ def broadcast_parameters(params, root_rank, prefix=None, process_set=global_proc
     Args:
         params: ``model.state_dict()`` (a dict name -> tensor), ``model.named_parameters()``
             or a list of ``(name, tensor)`` pairs or of tensors.
-        root_rank: the rank whose values win (counts within ``process_set``).
+        root_rank: the rank whose values win: a global rank, as in Horovod, that belongs to
+            ``process_set``.
         prefix: optional prefix of the ops' names.
         process_set: the ranks taking part.
 
@@ -137,7 +139,7 @@ def broadcast_optimizer_state(optimizer, root_rank, prefix="Parameter.",
         process_set = global_process_set
     if not process_set.included():
         return
-    me = process_set.rank()
+    me = rank()
     base = _auto_name("broadcast_optimizer_state", None, process_set_id(process_set))
     tensors = []
     skeleton = None

@@ -303,25 +303,26 @@ class Suite:
 
                         def done(res, tag=tag, buf=buf, want=xs[root]):
                             self.expect(tag + "/inplace", buf, want)
-                        self.submit(tag, None, hvd.broadcast_async_, (buf, root), kw, done, mode)
+                        self.submit(tag, None, hvd.broadcast_async_, (buf, self.members[root]), kw,
+                                    done, mode)
                     else:
                         ci = self.unchanged(tag, mine)
 
                         def done(got, tag=tag, want=xs[root], ci=ci):
                             ci()
                             self.expect(tag, got, want)
-                        self.submit(tag, hvd.broadcast, hvd.broadcast_async, (mine, root), kw,
+                        self.submit(tag, hvd.broadcast, hvd.broadcast_async, (mine, self.members[root]), kw,
                                     done, mode)
             self.drain()
         for dtype in (np.float32, np.int8):
             tag = self.name("bc", dname(dtype), "sync_inplace")
             xs = self.inputs(lambda i: (3, 3), dtype, tag)
             buf = xs[self.me].copy()
-            if c.run(tag, hvd.broadcast_, buf, 0, name=tag, process_set=self.ps) is not None:
+            if c.run(tag, hvd.broadcast_, buf, self.members[0], name=tag, process_set=self.ps) is not None:
                 self.expect(tag, buf, xs[0])
         tag = self.name("bc", "object")
         obj = {"from": hvd.rank(), "data": list(range(hvd.rank() + 3))}
-        got = c.run(tag, hvd.broadcast_object, obj, root_rank=self.n - 1, name=tag,
+        got = c.run(tag, hvd.broadcast_object, obj, root_rank=self.members[-1], name=tag,
                     process_set=self.ps)
         last = self.members[-1]
         c.check(got == {"from": last, "data": list(range(last + 3))}, f"{tag}: got {got!r}")

@@ -206,6 +206,13 @@ def main():
     if rank == 0:
         got = c.run("own set", hvd.allreduce, x, name="only0", op=hvd.Sum, process_set=only0)
         c.check(got is not None and np.array_equal(got, x), f"only0: {got}")
+        # Roots are global ranks (Horovod's rule): rank 1 is outside the set [0].
+        c.raises("root outside the set", ValueError, hvd.broadcast, x, 1, name="only0_root1",
+                 process_set=only0, match=["only0_root1", "root rank 1",
+                                           "not a member of process set"])
+        got = c.run("root inside the set", hvd.broadcast, x, 0, name="only0_root0",
+                    process_set=only0)
+        c.check(got is not None and np.array_equal(got, x), f"only0_root0: {got}")
     else:
         c.raises("not a member", ValueError, hvd.allreduce, x, name="only0", op=hvd.Sum,
                  process_set=only0, match=["only0", f"rank {rank} is not a member"])

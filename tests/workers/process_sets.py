@@ -66,7 +66,7 @@ def dynamic_api(c):
     for i in range(10):
         ps = hvd.add_process_set([i % size])
         if rank == i % size:
-            got = hvd.broadcast(np.array([i]), 0, name=f"cycle{i}", process_set=ps)
+            got = hvd.broadcast(np.array([i]), rank, name=f"cycle{i}", process_set=ps)
             c.check(got.tolist() == [i], f"cycle {i}: {got}")
         hvd.remove_process_set(ps)
     got = hvd.allreduce(np.ones(2), name="global_after", op=hvd.Sum)

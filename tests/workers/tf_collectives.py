@@ -282,7 +282,7 @@ class Suite:
                 t = f"broadcast/{dtype.name}/{shape}"
                 xs = self.inputs(shape, dtype, t)
                 x = tf.constant(xs[self.me])
-                cases.append((t, lambda x=x: hvd.broadcast(x, root, process_set=ps),
+                cases.append((t, lambda x=x: hvd.broadcast(x, self.members[root], process_set=ps),
                               (xs[root], 0, 0), dtype))
             self.batch(f"broadcast/{dtype.name}", cases)
         t = "broadcast_variables"
@@ -292,9 +292,10 @@ class Suite:
         extra = tf.Variable(np.array([self.me, 7], np.uint32))  # bit-cast on the wire
         variables.append(extra)
         if self.mode == "eager":
-            c.run(t, hvd.broadcast_variables, variables, 0, process_set=ps)
+            c.run(t, hvd.broadcast_variables, variables, self.members[0], process_set=ps)
         else:
-            c.run(t, tf.function(lambda: hvd.broadcast_variables(variables, 0, process_set=ps)))
+            c.run(t, tf.function(lambda: hvd.broadcast_variables(variables, self.members[0],
+                                                                 process_set=ps)))
         for i, (v, x) in enumerate(zip(variables, xs)):
             self.expect(f"{t}/{i}", v, x[0], tf.as_dtype(v.dtype), 0, 0)
         c.check(extra.numpy().tolist() == [0, 7], f"{t}/uint32: {extra.numpy()}")
@@ -303,7 +304,8 @@ class Suite:
         variables = [tf.Variable(x[self.me]) for x in xs]
         root = self.n - 1
         got = c.run(t, call, self.mode,
-                    lambda: hvd.broadcast_(variables, root, name="bcast_", process_set=ps))
+                    lambda: hvd.broadcast_(variables, self.members[root], name="bcast_",
+                                               process_set=ps))
         for i, (v, x) in enumerate(zip(variables, xs)):
             self.expect(f"{t}/{i}", v, x[root], tf.as_dtype(v.dtype), 0, 0)
             if got is not None:
@@ -398,7 +400,8 @@ class Suite:
         self.expect(t, got, np.mean(gws, 0)[start:start + rows[me]], tf.float64)
         t = "grad/broadcast"
         root = n - 1
-        got = c.run(t, grad_of, lambda x: tf.reduce_sum(hvd.broadcast(x, root, process_set=ps)
+        got = c.run(t, grad_of, lambda x: tf.reduce_sum(hvd.broadcast(x, self.members[root],
+                                                                      process_set=ps)
                                                         * w), x)
         want = np.mean(ws, 0) if me == root else np.zeros((4, 3))
         self.expect(t, got, want, tf.float64)

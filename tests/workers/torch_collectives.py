@@ -270,18 +270,21 @@ class Suite:
                     t = self.tag("bc", dn(dtype), shape, root)
                     xs = self.inputs(lambda i: shape, dtype, t)
                     mine = xs[self.me].clone()
-                    self.expect(t, c.run(t, hvd.broadcast, mine, root, name=t, process_set=ps),
+                    self.expect(t, c.run(t, hvd.broadcast, mine, self.members[root], name=t,
+                                                 process_set=ps),
                                 xs[root])
                     c.check(torch.equal(mine, xs[self.me]), f"{t}: input modified")
             t = self.tag("bc_", dn(dtype))
             xs = self.inputs(lambda i: (3, 2), dtype, t)
             buf = xs[self.me].clone()
-            got = c.run(t, hvd.broadcast_, buf, self.n - 1, name=t, process_set=ps)
+            got = c.run(t, hvd.broadcast_, buf, self.members[-1], name=t, process_set=ps)
             c.check(got is buf, f"{t}: did not return its input")
             self.expect(t, buf, xs[self.n - 1])
             buf = xs[self.me].clone()
-            h = c.run(t, hvd.broadcast_async_, buf, 0, name=t + "/ai", process_set=ps)
-            h2 = c.run(t, hvd.broadcast_async, xs[self.me], 0, name=t + "/a", process_set=ps)
+            h = c.run(t, hvd.broadcast_async_, buf, self.members[0], name=t + "/ai",
+                      process_set=ps)
+            h2 = c.run(t, hvd.broadcast_async, xs[self.me], self.members[0], name=t + "/a",
+                       process_set=ps)
             c.run(t, hvd.synchronize, h)
             self.expect(t + "/async_", buf, xs[0])
             self.expect(t + "/async", c.run(t, hvd.synchronize, h2), xs[0])
@@ -362,7 +365,7 @@ class Suite:
                                         process_set=self.ps),
                    hvd.grouped_allreduce_async([xs[self.me].clone(), xs[self.me].clone()],
                                                name=f"{t}/gar", op=hvd.Sum, process_set=self.ps),
-                   hvd.broadcast_async(xs[self.me].clone(), 0, name=f"{t}/bc",
+                   hvd.broadcast_async(xs[self.me].clone(), self.members[0], name=f"{t}/bc",
                                        process_set=self.ps),
                    hvd.allgather_async(xs[self.me].clone(), name=f"{t}/ag", process_set=self.ps),
                    hvd.reducescatter_async(xs[self.me].clone(), name=f"{t}/rs", op=hvd.Sum,
@@ -407,7 +410,7 @@ class Suite:
         self.expect(t + "/ag", c.run(t, hvd.allgather, cols[self.me], name=t + "/ag",
                                      process_set=ps), torch.cat(cols))
         buf = sl[self.me].clone()
-        hvd.broadcast_(buf[:, 1:3], 0, name=t + "/bc", process_set=ps)
+        hvd.broadcast_(buf[:, 1:3], self.members[0], name=t + "/bc", process_set=ps)
         self.expect(t + "/bc", buf[:, 1:3], cols[0])
         self.expect(t + "/bc_rest", buf[:, :1], sl[self.me][:, :1])
         # empty and 0-dim
@@ -426,7 +429,7 @@ class Suite:
                     torch.arange(1, self.n + 1, dtype=torch.float64))
         # a parameter (requires grad) can be broadcast in place
         p = torch.nn.Parameter(torch.full((3,), float(self.me)))
-        hvd.broadcast_(p, 0, name=self.tag("param"), process_set=ps)
+        hvd.broadcast_(p, self.members[0], name=self.tag("param"), process_set=ps)
         self.expect(self.tag("param"), p.detach(), torch.zeros(3))
 
 
@@ -477,7 +480,7 @@ def gradients(c, ps, members):
     for root in range(n):
         what = f"bc-{root}"
         total = sum(w_of(i, (2 * n, 3), what) for i in range(n)) / n
-        run(what, lambda x: hvd.broadcast(x, root, process_set=ps), x_of(me),
+        run(what, lambda x: hvd.broadcast(x, members[root], process_set=ps), x_of(me),
             total if me == root else torch.zeros_like(total))
     # alltoall (even): the gradient comes back from where the rows went
     what = "a2a"
@@ -541,7 +544,7 @@ def finite_differences(c, ps, members):
     cases = [
         ("ar", lambda x: hvd.allreduce(x, op=hvd.Average, process_set=ps), 1),
         ("ag", lambda x: hvd.allgather(x, process_set=ps), n),
-        ("bc", lambda x: hvd.broadcast(x * x, 0, process_set=ps), n),
+        ("bc", lambda x: hvd.broadcast(x * x, members[0], process_set=ps), n),
         ("a2a", lambda x: hvd.alltoall(x * 2.0, process_set=ps), 1),
         ("rs", lambda x: hvd.reducescatter(torch.sin(x), op=hvd.Sum, process_set=ps), 1),
     ]

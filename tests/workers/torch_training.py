@@ -453,8 +453,8 @@ def process_set_optimizers(c, n, rank, sets):
 
 def process_set_functions(c, n, rank, sets):
     """broadcast_parameters, broadcast_optimizer_state, broadcast_object, allgather_object,
-    barrier and SyncBatchNorm within a process set: roots count within the set, and only its
-    members take part (the other set runs the same calls at the same time)."""
+    barrier and SyncBatchNorm within a process set: roots are global ranks (Horovod's rule), and
+    only the set's members take part (the other set runs the same calls at the same time)."""
     mine = next(ps for ps in sets if ps.included())
     members, me = mine.ranks, mine.rank()
     root = len(members) - 1  # the set's last member
@@ -464,13 +464,13 @@ def process_set_functions(c, n, rank, sets):
     loss_of(model, rank).backward()
     opt.step()
     before = hvd.allgather_object(digest(dict(model.state_dict())), process_set=mine)
-    hvd.broadcast_parameters(model.state_dict(), root_rank=root, process_set=mine)
-    hvd.broadcast_optimizer_state(opt, root_rank=root, process_set=mine)
+    hvd.broadcast_parameters(model.state_dict(), root_rank=members[root], process_set=mine)
+    hvd.broadcast_optimizer_state(opt, root_rank=members[root], process_set=mine)
     c.check(digest(dict(model.state_dict())) == before[root],
             "broadcast_parameters took the set root's weights")
     c.check(opt.param_groups[0]["lr"] == 0.01 * (members[root] + 1), "set root's lr")
     same_everywhere(c, "process-set optimizer state", opt.state_dict(), process_set=mine)
-    got = hvd.broadcast_object({"from": rank}, root_rank=root, process_set=mine)
+    got = hvd.broadcast_object({"from": rank}, root_rank=members[root], process_set=mine)
     c.check(got == {"from": members[root]}, f"broadcast_object in the set: {got}")
     got = hvd.allgather_object(rank, process_set=mine)
     c.check(got == members, f"allgather_object in the set: {got} != {members}")
