@@ -39,14 +39,25 @@ def config_env(args: argparse.Namespace) -> dict[str, str]:
     if args.stall_check_shutdown_time_seconds is not None:
         env["SPARK_HVD_STALL_SHUTDOWN_TIME_SECONDS"] = _number(
             args.stall_check_shutdown_time_seconds)
-    if args.no_stall_check:
-        env["SPARK_HVD_STALL_CHECK_DISABLE"] = "1"
+    if args.no_stall_check is not None:  # --no-stall-check, or --stall-check to turn it on
+        env["SPARK_HVD_STALL_CHECK_DISABLE"] = "1" if args.no_stall_check else "0"
     if args.log_level:
         env["SPARK_HVD_LOG_LEVEL"] = args.log_level
     if args.verbose:
         env["SPARK_HVD_VERBOSE"] = "1"
     if args.disable_cache:
         env["SPARK_HVD_CACHE_CAPACITY"] = "0"
+    elif args.cache_capacity is not None:
+        env["SPARK_HVD_CACHE_CAPACITY"] = str(args.cache_capacity)
+    # Switches with a --no- form: set either way when given, so they override the environment.
+    # The hierarchical and torus ones have no effect yet; the ranks warn when they are on.
+    for flag, name in (("timeline_mark_cycles", "TIMELINE_MARK_CYCLES"),
+                       ("hierarchical_allreduce", "HIERARCHICAL_ALLREDUCE"),
+                       ("hierarchical_allgather", "HIERARCHICAL_ALLGATHER"),
+                       ("torus_allreduce", "TORUS_ALLREDUCE")):
+        value = getattr(args, flag)
+        if value is not None:
+            env["SPARK_HVD_" + name] = "1" if value else "0"
     if args.network_interface:
         env["SPARK_HVD_NETWORK_INTERFACE"] = args.network_interface
     return env

@@ -17,6 +17,7 @@ import sys
 import threading
 import time
 
+from spark_hvd import __version__
 from spark_hvd.common._rendezvous import RendezvousServer
 from spark_hvd.common._secret import make_secret, secret_to_env
 from spark_hvd.runner import _env, _hosts, _net
@@ -25,7 +26,8 @@ from spark_hvd.runner._spawn import spawn
 from spark_hvd.runner._supervise import DEFAULT_GRACE_SECONDS, Supervisor
 
 PROG = "spark-hvd-run"
-LOG_LEVELS = ("TRACE", "DEBUG", "INFO", "WARNING", "ERROR", "FATAL")
+LOG_LEVELS = ("TRACE", "DEBUG", "INFO", "WARNING", "ERROR", "FATAL")  # Horovod's, low to high
+DEFAULT_LOG_LEVEL = "WARNING"
 MPI_UNSUPPORTED = (f"{PROG}: MPI support is not built in this version; use the default TCP "
                    "transport (--gloo)")
 DEFAULT_START_TIMEOUT = 30.0
@@ -37,6 +39,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog=PROG, allow_abbrev=False,
         usage=f"{PROG} -np N [-H host:slots,...|--hostfile F] [options] COMMAND...",
         description="Run COMMAND as a data-parallel spark_hvd job of N ranks.")
+    p.add_argument("-v", "--version", action="version", version=f"%(prog)s {__version__}",
+                   help="show the version and exit")
     p.add_argument("-np", "--num-proc", dest="np", type=int, metavar="N",
                    help="number of ranks (default: all slots of the hosts given)")
     p.add_argument("-H", "--hosts", metavar="HOST:SLOTS,...",
@@ -48,15 +52,26 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--start-timeout", type=float, metavar="S",
                    help="seconds the ranks wait for each other at start-up (default: "
                         "$SPARK_HVD_START_TIMEOUT or 30)")
-    p.add_argument("--network-interface", metavar="IF",
-                   help="network interface (e.g. eth0) for the job's traffic")
+    p.add_argument("--gloo-timeout-seconds", type=float, metavar="S",
+                   help="Horovod's Gloo timeout: here the start timeout, when --start-timeout "
+                        "is not given")
+    p.add_argument("--network-interfaces", "--network-interface", dest="network_interface",
+                   metavar="IF[,IF...]",
+                   help="network interface(s) (e.g. eth0) for the job's traffic; the first one "
+                        "is used")
+    p.add_argument("--config-file", metavar="FILE",
+                   help="Horovod's YAML configuration file (params, timeline, stall_check, "
+                        "library_options, logging, autotune, controller); flags given on the "
+                        "command line win over it")
     p.add_argument("--output-filename", metavar="DIR",
                    help="also write each rank's output to DIR/rank.N/stdout and stderr")
     p.add_argument("--prefix-timestamp", "--prefix-output-with-timestamp", action="store_true",
                    help="put the time in front of each output line")
-    p.add_argument("--verbose", action="store_true", help="explain what the launcher does")
+    p.add_argument("--verbose", action="store_true",
+                   help="explain what the launcher does (its INFO messages)")
     p.add_argument("--log-level", type=str.upper, choices=LOG_LEVELS,
-                   help="log level of the ranks' core")
+                   help="log level of the launcher and of the ranks' Python side and native "
+                        "core (default: $SPARK_HVD_LOG_LEVEL, $HOROVOD_LOG_LEVEL or WARNING)")
     p.add_argument("--check-build", action="store_true",
                    help="show the frameworks and transports available, then exit")
     transport = p.add_mutually_exclusive_group()
@@ -74,26 +89,182 @@ def build_parser() -> argparse.ArgumentParser:
                         help="warn when some ranks wait for a tensor longer than this")
     tuning.add_argument("--stall-check-shutdown-time-seconds", type=float, metavar="S",
                         help="stop the job when a stall lasts longer than this")
-    tuning.add_argument("--no-stall-check", action="store_true", help="disable stall checks")
-    tuning.add_argument("--disable-cache", action="store_true",
+    stall = tuning.add_mutually_exclusive_group()
+    stall.add_argument("--no-stall-check", action="store_true", default=None,
+                       help="disable stall checks")
+    stall.add_argument("--stall-check", dest="no_stall_check", action="store_false",
+                       help="enable stall checks (the default)")
+    tuning.add_argument("--disable-cache", action="store_true", default=None,
                         help="disable the response cache")
-    tuning.add_argument("--autotune", action="store_true",
+    tuning.add_argument("--cache-capacity", type=int, metavar="N",
+                        help="entries of the response cache (0 disables it)")
+    cycles = tuning.add_mutually_exclusive_group()
+    cycles.add_argument("--timeline-mark-cycles", action="store_true", default=None,
+                        help="mark the start of every engine cycle in the timeline")
+    cycles.add_argument("--no-timeline-mark-cycles", dest="timeline_mark_cycles",
+                        action="store_false")
+    for op in ("allreduce", "allgather"):
+        group = tuning.add_mutually_exclusive_group()
+        group.add_argument(f"--hierarchical-{op}", action="store_true", default=None,
+                           help=f"Horovod's hierarchical {op}: accepted, but currently no "
+                                "effect (collectives run flat until hierarchical ones land)")
+        group.add_argument(f"--no-hierarchical-{op}", dest=f"hierarchical_{op}",
+                           action="store_false")
+    torus = tuning.add_mutually_exclusive_group()
+    torus.add_argument("--torus-allreduce", action="store_true", default=None,
+                       help="Horovod's torus allreduce: accepted, but currently no effect")
+    torus.add_argument("--no-torus-allreduce", dest="torus_allreduce", action="store_false")
+    tuning.add_argument("--autotune", action="store_true", default=None,
                         help="autotune fusion parameters (not implemented yet: ignored)")
+    elastic = p.add_argument_group(
+        "elastic training (not implemented yet: these flags are refused; run a fixed-size job "
+        "with -np and restart it from a checkpoint when a rank fails)")
+    for flags in (("--min-np", "--min-num-proc"), ("--max-np", "--max-num-proc"),
+                  ("--slots-per-host",), ("--elastic-timeout",), ("--reset-limit",),
+                  ("--host-discovery-script",)):
+        elastic.add_argument(*flags, dest="elastic_" + flags[-1].lstrip("-").replace("-", "_"),
+                             metavar="X")
+    elastic.add_argument("--blacklist-cooldown-range", dest="elastic_blacklist_cooldown_range",
+                         nargs=2, metavar="S")
     p.add_argument("command", nargs=argparse.REMAINDER, metavar="COMMAND...",
                    help="the program each rank runs, with its arguments")
     return p
 
 
 def _start_timeout(args: argparse.Namespace) -> float:
-    if args.start_timeout is not None:
-        return args.start_timeout
-    for name in ("SPARK_HVD_START_TIMEOUT", "HOROVOD_START_TIMEOUT"):
+    """--start-timeout, else --gloo-timeout-seconds (Horovod's bound on Gloo's set-up), else
+    the same two from the environment, else 30 s."""
+    for value in (args.start_timeout, args.gloo_timeout_seconds):
+        if value is not None:
+            return value
+    for name in ("SPARK_HVD_START_TIMEOUT", "HOROVOD_START_TIMEOUT",
+                 "SPARK_HVD_GLOO_TIMEOUT_SECONDS", "HOROVOD_GLOO_TIMEOUT_SECONDS"):
         if os.environ.get(name):
             try:
                 return float(os.environ[name])
             except ValueError:
                 raise ValueError(f"{name}={os.environ[name]!r} is not a number of seconds")
     return DEFAULT_START_TIMEOUT
+
+
+def log_threshold(args: argparse.Namespace) -> str:
+    """The launcher's log level: --log-level, else $SPARK_HVD_LOG_LEVEL / $HOROVOD_LOG_LEVEL
+    (an unknown name counts as the default), else WARNING; --verbose shows INFO messages
+    whatever the level."""
+    level = args.log_level
+    for name in ("SPARK_HVD_LOG_LEVEL", "HOROVOD_LOG_LEVEL"):
+        if level is None and os.environ.get(name):
+            value = os.environ[name].strip().upper()
+            level = value if value in LOG_LEVELS else DEFAULT_LOG_LEVEL
+    level = level or DEFAULT_LOG_LEVEL
+    if args.verbose and LOG_LEVELS.index(level) > LOG_LEVELS.index("INFO"):
+        level = "INFO"
+    return level
+
+
+def log_enabled(threshold: str, level: str) -> bool:
+    """True when a message of ``level`` passes ``threshold``."""
+    return LOG_LEVELS.index(level) >= LOG_LEVELS.index(threshold)
+
+
+# Horovod's --config-file (horovod/runner/common/util/config_parser.py): section -> key ->
+# (argument it sets, conversion). A flag given on the command line wins over the file.
+def _flag(value):
+    if isinstance(value, bool):
+        return value
+    if str(value).strip().lower() in ("1", "true", "yes", "on"):
+        return True
+    if str(value).strip().lower() in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"{value!r} is not true or false")
+
+
+def _level(value):
+    value = str(value).strip().upper()
+    if value not in LOG_LEVELS:
+        raise ValueError(f"{value!r} is not one of {', '.join(LOG_LEVELS)}")
+    return value
+
+
+_CONFIG_KEYS = {
+    "params": {"fusion_threshold_mb": ("fusion_threshold_mb", float),
+               "cycle_time_ms": ("cycle_time_ms", float),
+               "cache_capacity": ("cache_capacity", int),
+               "hierarchical_allreduce": ("hierarchical_allreduce", _flag),
+               "hierarchical_allgather": ("hierarchical_allgather", _flag),
+               "torus_allreduce": ("torus_allreduce", _flag)},
+    "autotune": {"enabled": ("autotune", _flag)},
+    "timeline": {"filename": ("timeline_filename", str),
+                 "mark_cycles": ("timeline_mark_cycles", _flag)},
+    "stall_check": {"enabled": ("no_stall_check", lambda v: not _flag(v)),
+                    "warning_time_seconds": ("stall_check_warning_time_seconds", float),
+                    "shutdown_time_seconds": ("stall_check_shutdown_time_seconds", float)},
+    "library_options": {"gloo_timeout_seconds": ("gloo_timeout_seconds", float)},
+    "logging": {"level": ("log_level", _level)},
+}
+# Keys of Horovod's file that spark_hvd has no use for, and why (the launcher says so).
+_CONFIG_UNSUPPORTED = {
+    **{("autotune", k): "autotuning is not implemented yet"
+       for k in ("log_file", "warmup_samples", "steps_per_sample", "bayes_opt_max_samples",
+                 "gaussian_process_noise")},
+    ("library_options", "mpi_threads_disable"): "MPI is not used as a transport",
+    ("library_options", "num_nccl_streams"): "there is no NCCL in this build",
+    ("library_options", "thread_affinity"): "thread pinning is not implemented; use taskset",
+    ("logging", "with_timestamp"): "log lines carry no time stamp (use --prefix-timestamp)",
+}
+_NUMERIC_MINIMUM = {"fusion_threshold_mb": 0, "cycle_time_ms": 0, "cache_capacity": 0,
+                    "stall_check_warning_time_seconds": 0,
+                    "stall_check_shutdown_time_seconds": 0, "gloo_timeout_seconds": 0}
+
+
+def apply_config_file(args: argparse.Namespace, path: str) -> list[str]:
+    """Fills the arguments not given on the command line from Horovod's YAML config file at
+    ``path``; returns notes about keys it ignores. Raises ValueError for a malformed file or
+    a value of the wrong type, and for ``controller: mpi``."""
+    try:
+        import yaml
+    except ImportError:
+        raise ValueError("--config-file needs PyYAML: pip install pyyaml") from None
+    try:
+        with open(path) as f:
+            config = yaml.safe_load(f) or {}
+    except (OSError, yaml.YAMLError) as e:
+        raise ValueError(f"--config-file {path}: {e}") from None
+    if not isinstance(config, dict):
+        raise ValueError(f"--config-file {path}: expected a mapping of sections at the top")
+    notes = []
+    for section, body in config.items():
+        if section == "controller":
+            if str(body).lower() == "mpi":
+                raise ValueError(f"--config-file {path}: controller: mpi is not supported; "
+                                 "use gloo (spark_hvd's own TCP/shared-memory transport)")
+            if str(body).lower() != "gloo":
+                raise ValueError(f"--config-file {path}: unknown controller {body!r}")
+            continue
+        if section not in _CONFIG_KEYS:
+            notes.append(f"--config-file {path}: unknown section {section!r} ignored")
+            continue
+        if not isinstance(body, dict):
+            raise ValueError(f"--config-file {path}: section {section!r} must be a mapping")
+        for key, value in body.items():
+            if (section, key) in _CONFIG_UNSUPPORTED:
+                notes.append(f"--config-file {path}: {section}.{key} ignored: "
+                             f"{_CONFIG_UNSUPPORTED[section, key]}")
+                continue
+            if key not in _CONFIG_KEYS[section]:
+                notes.append(f"--config-file {path}: unknown key {section}.{key} ignored")
+                continue
+            attr, convert = _CONFIG_KEYS[section][key]
+            if getattr(args, attr) is not None or value is None:
+                continue  # the command line wins
+            try:
+                value = convert(value)
+            except (TypeError, ValueError) as e:
+                raise ValueError(f"--config-file {path}: {section}.{key}: {e}") from None
+            if attr in _NUMERIC_MINIMUM and value < _NUMERIC_MINIMUM[attr]:
+                raise ValueError(f"--config-file {path}: {section}.{key}={value} must be >= 0")
+            setattr(args, attr, value)
+    return notes
 
 
 def plan_hosts(args: argparse.Namespace) -> list[_hosts.SlotInfo]:
@@ -124,12 +295,31 @@ def main(argv: list[str] | None = None) -> int:
     if args.mpi:
         print(MPI_UNSUPPORTED, file=sys.stderr)
         return 2
+    elastic = [name for name, value in vars(args).items()
+               if name.startswith("elastic_") and value is not None]
+    if elastic:
+        flag = "--" + elastic[0][len("elastic_"):].replace("_", "-")
+        print(f"{PROG}: error: {flag}: elastic training is not implemented yet; run a "
+              "fixed-size job (-np N) and restart it from a checkpoint when a rank fails",
+              file=sys.stderr)
+        return 2
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
         parser.error("no COMMAND given (e.g. spark-hvd-run -np 2 python train.py)")
+    notes = []
+    try:
+        if args.config_file:
+            notes = apply_config_file(args, args.config_file)
+    except ValueError as e:
+        print(f"{PROG}: error: {e}", file=sys.stderr)
+        return 2
+    threshold = log_threshold(args)
     if args.autotune:
-        print(f"{PROG}: --autotune: autotuning is not implemented yet; continuing with the "
-              "configured fusion threshold and cycle time", file=sys.stderr)
+        notes.append("--autotune: autotuning is not implemented yet; continuing with the "
+                     "configured fusion threshold and cycle time")
+    for note in notes:
+        if log_enabled(threshold, "WARNING"):
+            print(f"{PROG}: {note}", file=sys.stderr)
     try:
         slots = plan_hosts(args)
         start_timeout = _start_timeout(args)
@@ -140,14 +330,15 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, OSError) as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return 2
-    return _Job(args, command, slots, start_timeout, interface_ip).run()
+    return _Job(args, command, slots, start_timeout, interface_ip, threshold).run()
 
 
 class _Job:
     """One launch: rendezvous server, ranks, output forwarding, supervision."""
 
-    def __init__(self, args, command, slots, start_timeout, interface_ip):
+    def __init__(self, args, command, slots, start_timeout, interface_ip, log_threshold):
         self.args = args
+        self.log_threshold = log_threshold
         self.command = command
         self.slots = slots
         self.start_timeout = start_timeout
@@ -163,8 +354,11 @@ class _Job:
         self.is_local = local
         self.all_local = all(local.values())
 
-    def log(self, message: str) -> None:
-        self.err.write_line(f"{PROG}: {message}\n".encode())
+    def log(self, message: str, level: str = "WARNING") -> None:
+        """Writes ``message`` to stderr when ``level`` passes the launcher's log level (the
+        supervisor's reports of failed ranks and signals are warnings)."""
+        if log_enabled(self.log_threshold, level):
+            self.err.write_line(f"{PROG}: {message}\n".encode())
 
     def _rendezvous_addresses(self) -> tuple[str, str]:
         """(bind host, address the ranks connect to) of the rendezvous server."""
@@ -184,10 +378,11 @@ class _Job:
         rendezvous_addr = f"[{advertised}]:{port}" if ":" in advertised else f"{advertised}:{port}"
         restore = self._install_signal_handlers()
         try:
-            if self.args.verbose:
-                self.log(f"job {job_id}: {len(self.slots)} rank(s), rendezvous at "
-                         f"{rendezvous_addr}")
+            self.log(f"job {job_id}: {len(self.slots)} rank(s), rendezvous at "
+                     f"{rendezvous_addr}", "INFO")
             config = _env.config_env(self.args)
+            self.log(f"settings for the ranks: {config or 'none'}; command: "
+                     f"{' '.join(self.command)}", "DEBUG")
             for slot in self.slots:
                 if not self._start_rank(slot, rendezvous_addr, secret_to_env(secret), job_id,
                                         config):
@@ -206,18 +401,17 @@ class _Job:
         env = _env.rank_env(dict(os.environ), slot, rendezvous_addr=rendezvous_addr,
                             secret_hex=secret_hex, job_id=job_id, bind_addr=bind_addr,
                             start_timeout=self.start_timeout, config=config)
-        if self.args.verbose:
-            how = "locally" if local else "over ssh"
-            self.log(f"rank {slot.rank} on {host} {how} (local rank {slot.local_rank}/"
-                     f"{slot.local_size}, cross rank {slot.cross_rank}/{slot.cross_size}, "
-                     f"bind {bind_addr})")
+        how = "locally" if local else "over ssh"
+        self.log(f"rank {slot.rank} on {host} {how} (local rank {slot.local_rank}/"
+                 f"{slot.local_size}, cross rank {slot.cross_rank}/{slot.cross_size}, "
+                 f"bind {bind_addr})", "INFO")
         try:
             proc = spawn(slot.rank, host, self.command, env, os.getcwd(), remote=not local,
                          ssh_port=self.args.ssh_port,
                          ssh_identity_file=self.args.ssh_identity_file,
                          connect_timeout=self.start_timeout)
         except OSError as e:
-            self.log(f"cannot start rank {slot.rank} on {host}: {e}")
+            self.log(f"cannot start rank {slot.rank} on {host}: {e}", "ERROR")
             self.supervisor.fail(127 if isinstance(e, FileNotFoundError) else 1)
             return False
         ts = self.args.prefix_timestamp
