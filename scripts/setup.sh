@@ -54,6 +54,24 @@ if [ "${SPARK_HVD_SKIP_APT:-0}" != "1" ]; then
     as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
       openjdk-17-jre-headless procps
   fi
+  # MPICH's process manager (mpiexec.hydra) for the tests that start jobs with it
+  # (tests/test_launcher_envs.py; they are skipped without it). Only the `mpich` package: without
+  # libmpich-dev nothing offers another mpicc, and should its mpirun alternative outrank Open
+  # MPI's on some distribution, the previous choice is put back, so mpirun and mpicc stay Open
+  # MPI's. Optional: a failed install only skips those tests.
+  if ! command -v mpiexec.hydra >/dev/null 2>&1; then
+    log "installing MPICH's mpiexec.hydra (mpich) for the launcher tests"
+    mpirun_before="$(update-alternatives --query mpirun 2>/dev/null | awk '/^Value:/ {print $2}')"
+    if as_root apt-get update -q && as_root env DEBIAN_FRONTEND=noninteractive \
+        apt-get install -y -q --no-install-recommends mpich; then
+      mpirun_now="$(update-alternatives --query mpirun 2>/dev/null | awk '/^Value:/ {print $2}')"
+      if [ -n "$mpirun_before" ] && [ "$mpirun_now" != "$mpirun_before" ]; then
+        as_root update-alternatives --set mpirun "$mpirun_before"
+      fi
+    else
+      log "could not install mpich: the MPICH (Hydra) launcher tests will be skipped"
+    fi
+  fi
 fi
 
 # 2. Python environment ------------------------------------------------------------------------

@@ -1,7 +1,8 @@
 """One bootstrap for every way a job starts (launcher, mpirun, Spark tasks, estimators).
 
 Steps: learn rank and size (``SPARK_HVD_*`` from our launcher or Spark, ``OMPI_COMM_WORLD_*``
-under mpirun, or an mpi4py communicator), bind the native core's listener, exchange
+under mpirun, an mpi4py communicator, or another launcher's variables: torchrun, MPICH's
+mpiexec, horovodrun, Slurm; see ``_launchers``), bind the native core's listener, exchange
 "host port host_id" with every rank through a :class:`Rendezvous`, then let the core connect its
 authenticated mesh. With none of those present the process is a job of size 1.
 """
@@ -11,7 +12,7 @@ import os
 import secrets
 import socket
 
-from . import _config
+from . import _config, _launchers
 from ._native import InitOptions, check, lib
 from ._network import route_address
 from ._secret import SECRET_ENV, secret_from_env
@@ -77,21 +78,17 @@ def _mpi_comm(comm):
     return MPI.COMM_WORLD
 
 
-def discover(comm=None, generation=0):
-    """Returns (placement, rendezvous or None, secret, job_id) for this process."""
-    if comm is not None or (_env_int("SPARK_HVD_RANK") is None
-                            and _env_int("OMPI_COMM_WORLD_RANK") is not None):
-        comm = _mpi_comm(comm)
-        placement = Placement(comm.Get_rank(), comm.Get_size())
-        # Rank 0 makes the job secret and job id; MPI is already a trusted channel.
-        secret, job_id = comm.bcast(
-            (secrets.token_bytes(32), secrets.token_hex(4)) if comm.Get_rank() == 0 else None,
-            root=0)
-        return placement, MpiRendezvous(comm), secret, job_id
+def _mpi_discover(comm):
+    placement = Placement(comm.Get_rank(), comm.Get_size())
+    # Rank 0 makes the job secret and job id; MPI is already a trusted channel.
+    secret, job_id = comm.bcast(
+        (secrets.token_bytes(32), secrets.token_hex(4)) if comm.Get_rank() == 0 else None,
+        root=0)
+    return placement, MpiRendezvous(comm), secret, job_id
 
+
+def _spark_hvd_discover(generation):
     rank = _env_int("SPARK_HVD_RANK")
-    if rank is None:
-        return Placement(0, 1, 0, 1, 0, 1), None, b"", "single"
     size = _env_int("SPARK_HVD_SIZE")
     if size is None:
         raise RuntimeError("SPARK_HVD_RANK is set but SPARK_HVD_SIZE is not: the launcher's "
@@ -112,6 +109,48 @@ def discover(comm=None, generation=0):
         client = KVClient(addr, secret, timeout=timeout)
         rendezvous = KVRendezvous(client, rank, size, scope=f"{job_id}/init.{generation}", timeout=timeout)
     return placement, rendezvous, secret, job_id
+
+
+def _single():
+    return Placement(0, 1, 0, 1, 0, 1), None, b"", "single"
+
+
+def _other_launcher_discover(launch, generation):
+    """Joins a job that another launcher started, through the channel that launcher provides
+    (see _launchers): the job secret is drawn by rank 0 and shared over that channel."""
+    if launch.size == 1:
+        return _single()
+    from ._launcher_channels import agree_on_job
+    try:
+        rendezvous = launch.connect(generation, _config.env_float("START_TIMEOUT", 30.0))
+        if rendezvous.size == 1:  # PMI over PMI_PORT learns the size only now
+            return _single()
+        secret, job_id = agree_on_job(rendezvous, rendezvous.rank)
+    except RuntimeError as e:
+        # Keep the type (a RendezvousTimeoutError stays one); say which job we tried to join.
+        raise type(e)(f"spark_hvd.init: joining the job of {launch.describe()}: {e}") from None
+    placement = Placement(rendezvous.rank, rendezvous.size, launch.local_rank,
+                          launch.local_size, launch.cross_rank, launch.cross_size)
+    return placement, rendezvous, secret, job_id
+
+
+def discover(comm=None, generation=0):
+    """Returns (placement, rendezvous or None, secret, job_id) for this process.
+
+    ``comm`` (an mpi4py communicator) wins; otherwise the launcher that started the process
+    (see :mod:`._launchers`) says how to join, and a process no launcher started is a job of
+    size 1.
+    """
+    if comm is not None:
+        return _mpi_discover(comm)
+    launch = _launchers.identify()
+    if launch is None:
+        return _single()
+    if launch.launcher == _launchers.SPARK_HVD_RUN:
+        return _spark_hvd_discover(generation)
+    if launch.launcher == _launchers.OPEN_MPI:
+        return _mpi_discover(_mpi_comm(None))
+    return _other_launcher_discover(launch, generation)
 
 
 def start(config, comm=None, process_sets=(), rendezvous=None, placement=None, secret=None,
