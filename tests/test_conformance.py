@@ -90,10 +90,11 @@ def test_runner_verdicts(tmp_path):
     utils.mkdir()
     # The runner only checks that the tree looks like Horovod's: these two names must exist.
     (parallel / "test_torch.py").write_text("")
+    # Horovod's tests read rank and size as horovodrun (Gloo mode) exports them.
     (utils / "common.py").write_text(textwrap.dedent('''
         import os
         def mpi_env_rank_and_size():
-            return int(os.environ["PMI_RANK"]), int(os.environ["PMI_SIZE"])
+            return int(os.environ["HOROVOD_RANK"]), int(os.environ["HOROVOD_SIZE"])
     '''))
     (parallel / "test_fake.py").write_text(FAKE_TESTS)
     stdout, results = run_runner(tmp_path, "test_fake.py", tmp_path / "out", "-np", "2",

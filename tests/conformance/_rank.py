@@ -2,13 +2,15 @@
 
 Started by ``spark-hvd-run`` for ``run.py``: ``python _rank.py RESULT_DIR PYTEST_ARGS...``.
 
-Horovod's test helpers read the job's rank and size from MPI launcher variables
-(``mpi_env_rank_and_size()`` in test/utils/common.py: ``PMI_RANK``/``PMI_SIZE`` or
-``OMPI_COMM_WORLD_*``). spark-hvd-run sets its own ``SPARK_HVD_*`` variables, so this wrapper
-copies rank and size into ``PMI_RANK``/``PMI_SIZE``, what MPICH's mpiexec sets: the same job,
-never a second one. ``OMPI_COMM_WORLD_*`` is not used because it tells spark_hvd to bootstrap
-over mpi4py, and ``HOROVOD_RANK`` because test_process_sets_static.py takes it as "launched by
-Gloo horovodrun".
+Horovod's tests learn the job's rank and size from the launcher's variables: under
+``horovodrun`` in Gloo mode ``HOROVOD_RANK``/``HOROVOD_SIZE``, under MPI ``PMI_*`` or
+``OMPI_COMM_WORLD_*`` (``mpi_env_rank_and_size()`` in test/utils/common.py). A test that finds no
+``HOROVOD_RANK`` takes the job for an MPI one: it skips what "only applies for Gloo" (shutdown and
+re-init), asserts ``mpi_built()``, and skips the per-test ``barrier(); shutdown()`` of its
+tearDown. spark_hvd's transport is the analogue of Horovod's Gloo one (``gloo_built()`` is True,
+``mpi_built()`` False), so this wrapper copies spark-hvd-run's rank and size into
+``HOROVOD_RANK``/``HOROVOD_SIZE``, the two variables the tests read, as horovodrun does: the
+same job, and spark_hvd gives its own launcher's ``SPARK_HVD_*`` variables precedence.
 
 The outcome goes to ``RESULT_DIR/rank.N.json`` after every test phase, so a rank the launcher
 stops after a peer failed still leaves what it knew. ``faulthandler`` dumps every thread's stack
@@ -58,8 +60,8 @@ class OutcomeRecorder:
 
 def main():
     result_dir, pytest_args = sys.argv[1], sys.argv[2:]
-    os.environ["PMI_RANK"] = RANK
-    os.environ["PMI_SIZE"] = SIZE
+    os.environ["HOROVOD_RANK"] = RANK
+    os.environ["HOROVOD_SIZE"] = SIZE
     dump_after = float(os.environ.get("CONFORMANCE_DUMP_STACKS_AFTER", "0"))
     if dump_after > 0:
         # To the real stderr: pytest's capture replaces fd 2 while the test runs.
