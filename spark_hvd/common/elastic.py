@@ -152,8 +152,11 @@ class HandledState(ObjectState):
         super().restore()
 
     def sync(self):
+        # The synced state is also the committed one, so a restore() before the next commit()
+        # returns to rank 0's state, not to this rank's state from before the sync.
         for handler in self._handlers.values():
             handler.sync()
+            handler.save()
         super().sync()
 
     def __setattr__(self, name, value):
