@@ -1,6 +1,7 @@
 // The extern "C" surface: argument checking, error translation, and the single process-wide
 // engine instance (init -> shutdown -> init again creates a fresh one).
 #include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -449,6 +450,43 @@ int32_t shvd_wait_release(const int64_t* handles, int32_t n) {
 }
 
 int32_t shvd_wait_release_one(int64_t handle) { return shvd_wait_release(&handle, 1); }
+
+namespace {
+HandleTable::Clock::time_point deadline_in(int32_t timeout_ms) {
+  return HandleTable::Clock::now() + std::chrono::milliseconds(std::max<int32_t>(timeout_ms, 0));
+}
+}  // namespace
+
+int32_t shvd_wait_for(const int64_t* handles, int32_t n, int32_t timeout_ms) {
+  REQUIRE_ENGINE(e);
+  const auto deadline = deadline_in(timeout_ms);
+  for (int i = 0; i < n; ++i) {
+    auto s = e->handles().get(handles[i]);
+    if (!s) return fail(SHVD_ERR_STATE, "unknown or released handle " + std::to_string(handles[i]));
+    if (!e->handles().wait_until(s, deadline)) return 1;
+  }
+  return 0;
+}
+
+int32_t shvd_wait_release_for(const int64_t* handles, int32_t n, int32_t timeout_ms) {
+  REQUIRE_ENGINE(e);
+  const auto deadline = deadline_in(timeout_ms);
+  for (int i = 0; i < n; ++i) {
+    auto s = e->handles().get(handles[i]);
+    // Unknown handles are reported by shvd_wait_release below, as without a timeout.
+    if (s && !e->handles().wait_until(s, deadline)) return 1;
+  }
+  return shvd_wait_release(handles, n);  // every op completed: this no longer blocks
+}
+
+int32_t shvd_wait_release_one_for(int64_t handle, int32_t timeout_ms) {
+  return shvd_wait_release_for(&handle, 1, timeout_ms);
+}
+
+int32_t shvd_release_completed(int64_t* handles, int32_t n) {
+  REQUIRE_ENGINE(e);
+  return e->handles().release_completed(handles, n);
+}
 
 int32_t shvd_output(int64_t handle, void** data, int64_t* nbytes) {
   REQUIRE_HANDLE(e, s, handle);

@@ -233,14 +233,14 @@ def barrier(process_set=global_process_set):
     ps = process_set_id(process_set)
     h = _ops.enqueue_one(OP_BARRIER, _ops.auto_name("barrier", None, ps), UINT8, (), None, None,
                          process_set=ps)
-    _ops.wait(h)
+    _ops.wait(h, keepalive=None)
 
 
 def join():
     """Declares this rank out of data. It keeps taking part in other ranks' allreduces
     (contributing zeros) until every rank has joined; returns the last rank that joined."""
     h = _ops.enqueue_one(OP_JOIN, "__join__", UINT8, (), None, None)
-    return int(_ops.wait_ints(h)[0])
+    return int(_ops.wait_ints(h, keepalive=None)[0])
 
 
 def poll(handle):

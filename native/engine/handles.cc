@@ -4,10 +4,14 @@
 
 namespace shvd {
 
+namespace {
+std::atomic<int64_t> next_handle{1};  // process-wide: see HandleTable::create
+}  // namespace
+
 int64_t HandleTable::create(std::shared_ptr<HandleState>* state) {
   auto s = std::make_shared<HandleState>();
+  const int64_t h = next_handle.fetch_add(1, std::memory_order_relaxed);
   std::lock_guard<std::mutex> lock(mu_);
-  int64_t h = next_++;
   handles_[h] = s;
   *state = s;
   return h;
@@ -24,6 +28,20 @@ void HandleTable::release(int64_t handle) {
   handles_.erase(handle);
 }
 
+int HandleTable::release_completed(int64_t* handles, int n) {
+  std::lock_guard<std::mutex> lock(mu_);
+  int pending = 0;
+  for (int i = 0; i < n; ++i) {
+    auto it = handles_.find(handles[i]);
+    if (it == handles_.end()) continue;
+    if (it->second->done.load(std::memory_order_acquire))
+      handles_.erase(it);
+    else
+      handles[pending++] = handles[i];
+  }
+  return pending;
+}
+
 void HandleTable::mark_done(const std::shared_ptr<HandleState>& state) {
   state->done.store(true, std::memory_order_release);
 }
@@ -35,19 +53,26 @@ void HandleTable::wake_waiters() {
   cv_.notify_all();
 }
 
-void HandleTable::wait(const std::shared_ptr<HandleState>& state) {
-  if (state->done.load(std::memory_order_acquire)) return;
+bool HandleTable::wait_until(const std::shared_ptr<HandleState>& state, Clock::time_point deadline) {
+  auto done = [&] { return state->done.load(std::memory_order_acquire); };
+  if (done()) return true;
   waiters_.fetch_add(1);
   if (wait_hook_) wait_hook_();
   // Spin briefly (yielding, so the engine thread gets the core on a small machine) before
   // sleeping on the condition variable.
-  for (int i = 0; i < 200 && !state->done.load(std::memory_order_acquire); ++i)
-    std::this_thread::yield();
-  if (!state->done.load(std::memory_order_acquire)) {
+  for (int i = 0; i < 200 && !done(); ++i) std::this_thread::yield();
+  bool completed = done();
+  if (!completed) {
     std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait(lock, [&] { return state->done.load(std::memory_order_acquire); });
+    if (deadline == Clock::time_point::max()) {
+      cv_.wait(lock, done);
+      completed = true;
+    } else {
+      completed = cv_.wait_until(lock, deadline, done);
+    }
   }
   waiters_.fetch_sub(1);
+  return completed;
 }
 
 void HandleTable::clear() {

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
@@ -25,9 +26,17 @@ struct HandleState {
 
 class HandleTable {
  public:
+  using Clock = std::chrono::steady_clock;
+
+  // Ids are unique in the process, not only in this table: a handle kept across shutdown and
+  // init can never name an op of the next engine.
   int64_t create(std::shared_ptr<HandleState>* state);
   std::shared_ptr<HandleState> get(int64_t handle) const;
   void release(int64_t handle);
+  // Releases those of `handles[0..n)` whose op completed (or that are unknown: released
+  // already) and moves the others to the front; returns how many are still pending. Sweeps
+  // the handles user code dropped before completion (one lock for the whole batch).
+  int release_completed(int64_t* handles, int n);
   // Marks done without waking anyone: the engine completes a whole fused response, then calls
   // wake_waiters() once (one futex wake instead of one per tensor).
   void mark_done(const std::shared_ptr<HandleState>& state);
@@ -37,14 +46,16 @@ class HandleTable {
   int waiters() const { return waiters_.load(); }
   // Runs in every thread that starts waiting (the engine ends its burst for it).
   void set_wait_hook(std::function<void()> hook) { wait_hook_ = std::move(hook); }
-  void wait(const std::shared_ptr<HandleState>& state);
+  void wait(const std::shared_ptr<HandleState>& state) { wait_until(state, Clock::time_point::max()); }
+  // Waits until the op completed or `deadline` passed; true if it completed. Waits in slices
+  // let the caller run Python's signal handlers in between (see spark_hvd.common._ops).
+  bool wait_until(const std::shared_ptr<HandleState>& state, Clock::time_point deadline);
   void clear();
 
  private:
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::unordered_map<int64_t, std::shared_ptr<HandleState>> handles_;
-  int64_t next_ = 1;
   std::atomic<int> waiters_{0};
   std::function<void()> wait_hook_;
 };

@@ -145,6 +145,20 @@ int32_t shvd_wait(int64_t handle);
 int32_t shvd_wait_release(const int64_t* handles, int32_t n);
 /* shvd_wait_release of one handle, without building an array. */
 int32_t shvd_wait_release_one(int64_t handle);
+/* The same waits, bounded: each returns after at most about `timeout_ms` so that a caller can
+ * react to signals in between (Python runs its signal handlers only when the call returns).
+ * Both return 1 when the time ran out before every op completed (nothing is released then).
+ * shvd_wait_for: 0 when every op completed (successfully or not; nothing is released), -1 for
+ * an unknown handle. shvd_wait_release_for: when every op completed, releases them all and
+ * returns as shvd_wait_release. */
+int32_t shvd_wait_for(const int64_t* handles, int32_t n, int32_t timeout_ms);
+int32_t shvd_wait_release_for(const int64_t* handles, int32_t n, int32_t timeout_ms);
+int32_t shvd_wait_release_one_for(int64_t handle, int32_t timeout_ms);
+/* Releases those of `handles` whose op completed (unknown ones are dropped) and moves the rest
+ * to the front of the array; returns how many are still pending. Buffers of a pending op must
+ * stay valid: the core reads and writes them until the op completes, even after shutdown
+ * began, whether or not its handle was released. */
+int32_t shvd_release_completed(int64_t* handles, int32_t n);
 /* Result allocated by the core (allgather, alltoall, reducescatter, add_process_set): data
  * pointer and byte count, valid until shvd_release. ndim/shape of the result via shvd_shape. */
 int32_t shvd_output(int64_t handle, void** data, int64_t* nbytes);

@@ -85,6 +85,8 @@ def enqueue_allreduce(name, dtype, shape, input_ptr, output_ptr, reduce_op, pres
     handle = _enqueue_native(record, len(record))
     if handle == -1:
         _enqueue_failed()
+    if _orphans:
+        _tend_orphans()
     return handle
 
 
@@ -95,6 +97,8 @@ def _enqueue_record(record):
     handle = _enqueue_native(record, len(record))
     if handle == -1:
         _enqueue_failed()
+    if _orphans:
+        _tend_orphans()
     return handle
 
 
@@ -110,6 +114,8 @@ def enqueue(records):
     data = b"".join(records)
     if lib.shvd_enqueue_packed(data, len(data), n, handles) == -1:
         _enqueue_failed()
+    if _orphans:
+        _tend_orphans()
     return list(handles)
 
 
@@ -121,23 +127,151 @@ def poll(handle_id):
     return check(lib.shvd_poll(handle_id)) == 1
 
 
-def wait(handle_id):
-    """Blocks until the op completes; raises its error. The handle is released either way."""
-    if lib.shvd_wait_release_one(handle_id) == -1:
+# -- the buffers of ops in flight -------------------------------------------------------------
+#
+# The core reads an op's input and writes its output until the op completes, whatever the
+# caller does meanwhile (Horovod's guarantee). Handles hold those buffers (``keepalive``); a
+# handle dropped before its op completed (a discarded ``allreduce_async``, a wait a signal
+# handler interrupted) hands its native ids and buffers to ``_orphans``, which keeps them until
+# the core is done with them. Orphans are swept (completed ones released, their buffers
+# dropped) while ops are enqueued, and dropped at shutdown once the engine has stopped.
+
+_orphans = {}  # native handle id -> the buffers its op uses (a group's ids share one object)
+_sweep_countdown = [0]  # enqueues until the next sweep
+
+
+def _adopt(ids, keepalive):
+    """Keeps ``keepalive`` until every op of ``ids`` completed, then releases the ids."""
+    for handle_id in ids:
+        _orphans[handle_id] = keepalive
+
+
+def _tend_orphans():
+    # A sweep costs O(orphans): the next one comes after an eighth as many enqueues, so each
+    # enqueue pays O(1) on average and a completed orphan's buffers go within that many ops.
+    _sweep_countdown[0] -= 1
+    if _sweep_countdown[0] <= 0:
+        sweep_orphans()
+        _sweep_countdown[0] = len(_orphans) // 8 + 1
+
+
+def sweep_orphans():
+    """Releases the orphaned ops that completed and drops their buffers."""
+    ids = list(_orphans)
+    if not ids:
+        return
+    pending_ids = (ctypes.c_int64 * len(ids))(*ids)
+    pending = lib.shvd_release_completed(pending_ids, len(ids))
+    if pending < 0:
+        return  # no engine: shutdown drops them once it has stopped
+    still = set(pending_ids[:pending])
+    for handle_id in ids:
+        if handle_id not in still:
+            _orphans.pop(handle_id, None)  # pop: another thread may sweep at the same time
+
+
+def drop_orphans():
+    """Called once the engine has stopped (shutdown): nothing uses the buffers any more."""
+    _orphans.clear()
+    _sweep_countdown[0] = 0
+
+
+# -- waiting ----------------------------------------------------------------------------------
+#
+# Python runs signal handlers (Ctrl-C's KeyboardInterrupt, SIGALRM, pytest-timeout) only on the
+# main thread, between bytecodes: never while a ctypes call blocks. So every wait blocks in the
+# core for at most WAIT_SLICE_MS at a time and loops; an op that completes within the first
+# slice costs one native call, as an unbounded wait did. When a handler raises, the op stays in
+# flight: its buffers are kept until it completes (see above) and the exception propagates.
+
+WAIT_SLICE_MS = 50
+
+# The default ``keepalive`` of the waits on raw ids: the caller did not say which buffers the
+# op uses, so a wait a signal handler interrupts first waits for the op to complete (the
+# caller's buffers may die with its frame), then raises. ``None``: the op uses no buffers.
+UNKNOWN_BUFFERS = object()
+
+_wait_release_one_for = lib.shvd_wait_release_one_for
+_wait_release_for = lib.shvd_wait_release_for
+_wait_for = lib.shvd_wait_for
+
+
+def _id_array(ids):
+    return (ctypes.c_int64 * len(ids))(*ids)
+
+
+def _interrupted(ids, keepalive, wait_again):
+    """A signal handler raised while waiting for ``ids`` (the caller re-raises it)."""
+    if keepalive is UNKNOWN_BUFFERS:
+        while True:
+            try:
+                if wait_again() != 1:
+                    return
+            except BaseException:  # noqa: BLE001 - a further signal: the op must finish first
+                pass
+    _adopt(ids, keepalive)
+
+
+def _await(id_array, n):
+    """Waits (in slices) until every op of ``id_array`` completed, without releasing them.
+    A signal handler's exception propagates with the ops in flight."""
+    while _wait_for(id_array, n, WAIT_SLICE_MS) == 1:
+        pass
+
+
+def wait(handle_id, keepalive=UNKNOWN_BUFFERS):
+    """Blocks until the op completes; raises its error. The handle is released either way.
+    ``keepalive``: the buffers the op uses (see :data:`UNKNOWN_BUFFERS`)."""
+    try:
+        rc = _wait_release_one_for(handle_id, WAIT_SLICE_MS)
+        while rc == 1:
+            rc = _wait_release_one_for(handle_id, WAIT_SLICE_MS)
+    except BaseException:
+        _interrupted((handle_id,), keepalive,
+                     lambda: _wait_release_one_for(handle_id, WAIT_SLICE_MS))
+        raise
+    if rc == -1:
         raise_last_error()
 
 
-def wait_all(handle_ids):
-    """Waits for (and releases) every handle; raises the first error."""
+def wait_all(handle_ids, keepalive=UNKNOWN_BUFFERS):
+    """Waits for (and releases) every handle; raises the first error. ``keepalive`` as in
+    :func:`wait`."""
     n = len(handle_ids)
-    if n:
-        check(lib.shvd_wait_release((ctypes.c_int64 * n)(*handle_ids), n))
-
-
-def wait_output(handle_id):
-    """Waits, then returns (bytes of the core-allocated result, shape, ints) and releases."""
+    if not n:
+        return
+    ids = _id_array(handle_ids)
     try:
-        check(lib.shvd_wait(handle_id))
+        rc = _wait_release_for(ids, n, WAIT_SLICE_MS)
+        while rc == 1:
+            rc = _wait_release_for(ids, n, WAIT_SLICE_MS)
+    except BaseException:
+        _interrupted(handle_ids, keepalive, lambda: _wait_release_for(ids, n, WAIT_SLICE_MS))
+        raise
+    if rc == -1:
+        raise_last_error()
+
+
+def wait_done(handle_ids, keepalive=UNKNOWN_BUFFERS):
+    """Waits until every op completed, releasing nothing (their results are read next).
+    ``keepalive`` as in :func:`wait`."""
+    n = len(handle_ids)
+    if not n:
+        return
+    ids = _id_array(handle_ids)
+    try:
+        _await(ids, n)
+    except BaseException:
+        _interrupted(handle_ids, keepalive, lambda: _wait_for(ids, n, WAIT_SLICE_MS))
+        raise
+
+
+def wait_output(handle_id, keepalive=UNKNOWN_BUFFERS):
+    """Waits, then returns (bytes of the core-allocated result, shape, ints) and releases.
+    ``keepalive`` as in :func:`wait`."""
+    wait_done((handle_id,), keepalive)
+    try:
+        check(lib.shvd_wait(handle_id))  # completed: returns at once, with the op's error
         ptr, nbytes = ctypes.c_void_p(), ctypes.c_int64()
         check(lib.shvd_output(handle_id, ctypes.byref(ptr), ctypes.byref(nbytes)))
         data = ctypes.string_at(ptr, nbytes.value) if nbytes.value else b""
@@ -150,14 +284,15 @@ def wait_output(handle_id):
         lib.shvd_release(handle_id)
 
 
-def wait_ints(handle_id):
-    return wait_output(handle_id)[2]
+def wait_ints(handle_id, keepalive=UNKNOWN_BUFFERS):
+    return wait_output(handle_id, keepalive)[2]
 
 
 class ResultHandle:
     """A pending collective on one tensor whose result is known up front (in-place ops and
     preallocated outputs): the per-tensor hot path, without the closure a :class:`Handle`
-    needs. Same interface as :class:`Handle`."""
+    needs. Same interface as :class:`Handle`. ``result`` is kept alive with ``keepalive``
+    until the op completed, even when the handle is dropped first."""
 
     __slots__ = ("_id", "_result", "_keepalive", "_error")
 
@@ -172,12 +307,16 @@ class ResultHandle:
         return self._id is None or poll(self._id)
 
     def wait(self):
-        """Blocks until the op finished; returns its result or raises its error."""
-        if self._id is not None:
-            handle_id, self._id = self._id, None
-            failed = lib.shvd_wait_release_one(handle_id) == -1
+        """Blocks until the op finished; returns its result or raises its error. A signal
+        handler's exception propagates with the op still in flight (wait again later)."""
+        handle_id = self._id
+        if handle_id is not None:
+            rc = _wait_release_one_for(handle_id, WAIT_SLICE_MS)
+            while rc == 1:
+                rc = _wait_release_one_for(handle_id, WAIT_SLICE_MS)
+            self._id = None
             self._keepalive = None  # only now: the core used these buffers until completion
-            if failed:
+            if rc == -1:
                 try:
                     raise_last_error()
                 except BaseException as e:
@@ -186,13 +325,19 @@ class ResultHandle:
             raise self._error
         return self._result
 
+    def __del__(self):
+        if self._id is not None:  # dropped before its op completed
+            _adopt((self._id,), (self._keepalive, self._result))
+
 
 class Handle:
     """A pending collective: ``poll()`` says whether it finished, ``wait()`` returns its result.
 
-    ``finish`` turns the completed native op into the user-facing result (for example copying a
-    core-allocated allgather result into a new array); it runs once, and a failure is raised
-    again by every later ``wait()``.
+    ``finish`` turns the completed native ops into the user-facing result (for example copying
+    a core-allocated allgather result into a new array); it runs once, after every op completed,
+    and a failure is raised again by every later ``wait()``. ``keepalive`` holds every buffer
+    the core reads or writes; it is kept until the ops completed, even when the handle is
+    dropped first.
     """
 
     __slots__ = ("_ids", "_finish", "_keepalive", "_done", "_result", "_error")
@@ -210,8 +355,11 @@ class Handle:
         return self._done or all(poll(h) for h in self._ids)
 
     def wait(self):
-        """Blocks until the op finished; returns its result or raises its error."""
+        """Blocks until the op finished; returns its result or raises its error. A signal
+        handler's exception propagates with the ops still in flight (wait again later)."""
         if not self._done:
+            if self._ids:
+                _await(_id_array(self._ids), len(self._ids))
             try:
                 self._result = self._finish(self._ids)
             except BaseException as e:
@@ -222,3 +370,7 @@ class Handle:
         if self._error is not None:
             raise self._error
         return self._result
+
+    def __del__(self):
+        if not self._done and self._ids:  # dropped before its ops completed
+            _adopt(self._ids, self._keepalive)

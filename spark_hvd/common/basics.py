@@ -53,9 +53,13 @@ def init(comm=None, process_sets=None):
 
 def shutdown():
     """Stops the engine after every rank called shutdown (pending ops on other ranks fail)."""
+    from . import _ops
     from .process_sets import _reset
     with _lock:
         lib.shvd_shutdown()
+        # Only now, with the engine stopped, may the buffers of ops whose handles were dropped
+        # go (ops still in flight failed with "shut down before this collective completed").
+        _ops.drop_orphans()
         _reset()
 
 

@@ -214,9 +214,9 @@ def _enqueue(records):
         _raise_as_collective_error(e)
 
 
-def _wait_all(ids):
+def _wait_all(ids, keepalive):
     try:
-        _ops.wait_all(ids)
+        _ops.wait_all(ids, keepalive)
     except ValueError as e:
         _raise_as_collective_error(e)
 
@@ -224,6 +224,7 @@ def _wait_all(ids):
 def _collect_outputs(ids, arrays, alloc, want_ints=0):
     """Copies every core-allocated result into memory from ``alloc``; collects (and releases)
     every handle even when one failed, then raises the first error."""
+    _ops.wait_done(ids, keepalive=arrays)
     outs, ints, error = [], [], None
     for hid, a in zip(ids, arrays):
         def allocate(shape, nbytes, dtype=a.dtype):
@@ -251,7 +252,7 @@ def _allreduce_kernel(names, group, op, prescale, postscale, set_id):
                                 postscale=postscale, process_set=set_id, group=group,
                                 group_size=len(arrays) if group else 0)
                    for n, a, (_, view) in zip(names, arrays, outs)]
-        _wait_all(_enqueue(records))
+        _wait_all(_enqueue(records), (arrays, outs))
         return [obj for obj, _ in outs]
     return run
 
@@ -276,7 +277,7 @@ def _broadcast_kernel(names, root_rank, set_id):
         records = [_ops.make_op(OP_BROADCAST, n, _NP_CODES[a.dtype], a.shape, _ptr(a),
                                 _ptr(view), root_rank=root_rank, process_set=set_id)
                    for n, a, (_, view) in zip(names, arrays, outs)]
-        _wait_all(_enqueue(records))
+        _wait_all(_enqueue(records), (arrays, outs))
         return [obj for obj, _ in outs]
     return run
 
@@ -474,7 +475,7 @@ def reducescatter_list(tensors, name, op, process_set, prescale_factor, postscal
 def _join_kernel(arrays, alloc):
     h = _ops.enqueue_one(OP_JOIN, "__join__", UINT8, (), None, None)
     try:
-        last = int(_ops.wait_ints(h)[0])
+        last = int(_ops.wait_ints(h, keepalive=None)[0])
     except ValueError as e:
         _raise_as_collective_error(e)
     obj, view = alloc((), np.int32)
@@ -500,7 +501,7 @@ def barrier(process_set=global_process_set):
     def kernel(arrays, alloc):
         try:
             _ops.wait(_ops.enqueue_one(OP_BARRIER, name, UINT8, (), None, None,
-                                       process_set=set_id))
+                                       process_set=set_id), keepalive=None)
         except ValueError as e:
             _raise_as_collective_error(e)
         obj, view = alloc((), np.bool_)

@@ -486,7 +486,7 @@ def join(device=-1):
     rank that joined last. ``device`` is accepted for Horovod compatibility."""
     h = _enqueue_one(OP_JOIN, "__join__", UINT8, (), None, None)
     try:
-        return int(_ops.wait_ints(h)[0])
+        return int(_ops.wait_ints(h, keepalive=None)[0])
     except ValueError as e:
         raise as_collective_error(e) from None
 
@@ -497,6 +497,6 @@ def barrier(process_set=global_process_set):
     h = _enqueue_one(OP_BARRIER, _auto_name("barrier", None, ps), UINT8, (), None, None,
                      process_set=ps)
     try:
-        _ops.wait(h)
+        _ops.wait(h, keepalive=None)
     except ValueError as e:
         raise as_collective_error(e) from None
