@@ -59,12 +59,11 @@ def run_launcher(cmd, timeout=180, **extra):
     return proc.returncode, proc.stdout + proc.stderr
 
 
-def run_ranks(rank_envs, args=(), timeout=120):
-    """Starts one join_job.py per environment (as a launcher would) and waits for all of them;
-    returns [(exit code, output)] by rank. On timeout every process is killed first."""
-    procs = [subprocess.Popen([PY, JOIN_JOB, *args], stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True, cwd=REPO, env=clean_env(**e))
-             for e in rank_envs]
+def run_together(cmds, envs, timeout=120):
+    """Starts every command at once (with its extra variables) and waits for all; returns
+    [(exit code, output)] in order. On timeout every process is killed first."""
+    procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                              cwd=REPO, env=clean_env(**env)) for cmd, env in zip(cmds, envs)]
     try:
         outs = [p.communicate(timeout=timeout)[0] for p in procs]
     finally:
@@ -73,6 +72,11 @@ def run_ranks(rank_envs, args=(), timeout=120):
                 p.kill()
                 p.wait()
     return [(p.returncode, out) for p, out in zip(procs, outs)]
+
+
+def run_ranks(rank_envs, args=(), timeout=120):
+    """One join_job.py per rank's variables, started as a launcher would start them."""
+    return run_together([[PY, JOIN_JOB, *args]] * len(rank_envs), rank_envs, timeout)
 
 
 def ok_lines(output):
@@ -115,6 +119,23 @@ def test_torchrun_joins(mode):
     rc, out = run_launcher([*torchrun, JOIN_JOB, "reinit"])
     assert rc == 0, out
     assert_joined(out, 2, inits=2)
+
+
+def test_torchrun_two_agents_join():
+    """Two real torchrun agents (as on two nodes) meeting through c10d's rendezvous: ranks take
+    their cross rank from GROUP_RANK."""
+    port = free_port()
+    cmd = [str(BIN / "torchrun"), "--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend",
+           "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "two-agents", JOIN_JOB]
+    results = run_together([cmd, cmd], [{}, {}], timeout=180)
+    out = "".join(o for _, o in results)
+    assert [rc for rc, _ in results] == [0, 0], out
+    found = ok_lines(out)
+    assert_joined(out, 2, local=False)
+    for rank in range(2):
+        [line] = found[rank]
+        assert (line["local_rank"], line["local_size"]) == (0, 1), out
+        assert (line["cross_rank"], line["cross_size"]) == (rank, 2), out
 
 
 def test_torch_env_rank0_hosts_the_store():
