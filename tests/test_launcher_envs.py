@@ -314,6 +314,18 @@ def test_cannot_join_is_a_clear_error_on_every_rank(case):
             assert word in out, (word, out)
 
 
+@pytest.mark.parametrize("channel", ["horovodrun", "torch store"])
+def test_a_rank_that_never_comes_is_named(channel, horovod_kv):
+    """Rank 0 of 2 started alone: init fails after the start timeout naming rank 1."""
+    if channel == "horovodrun":
+        env = horovod_env(0, 2, horovod_kv.server_address[1])
+    else:
+        env = slurm_env(0, 2, MASTER_ADDR="127.0.0.1", MASTER_PORT=free_port())
+    [(rc, out)] = run_ranks([dict(env, SPARK_HVD_START_TIMEOUT=3)], timeout=60)
+    assert rc == 3, out
+    assert "timed out after 3 s: ranks [1] never arrived" in out, out
+
+
 # -- which launcher: the precedence rules on environments alone -----------------------------
 
 def test_precedence_and_nesting():

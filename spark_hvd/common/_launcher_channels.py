@@ -139,8 +139,14 @@ class TorchStoreRendezvous(_BlockingKVRendezvous):
         self._store.set(done + str(self.rank), b"")
         if self._is_master:
             # The hosting rank returns only once every rank has read this round (see above).
-            self._store.wait([done + str(r) for r in range(self.size)],
-                             self._timedelta(seconds=self.timeout))
+            from torch.distributed import DistStoreError
+            try:
+                self._store.wait([done + str(r) for r in range(self.size)],
+                                 self._timedelta(seconds=self.timeout))
+            except DistStoreError:
+                raise RendezvousTimeoutError(
+                    f"rendezvous through {self.who} timed out after {self.timeout:g} s: not "
+                    "every rank confirmed it read the others' addresses") from None
 
 
 class HorovodHttpRendezvous(_BlockingKVRendezvous):

@@ -176,7 +176,7 @@ def _torch(env) -> Launch | None:
 def _pmi(env) -> Launch | None:
     if not any(n in env for n in (PMI_RANK, PMI_SIZE, PMI_FD, PMI_PORT)):
         return None
-    who = "a PMI process manager (MPICH / Intel MPI mpiexec, srun --mpi=pmi2)"
+    who = "MPICH / Intel MPI mpiexec or srun --mpi=pmi2"
     launch = Launch(who, _seen(env, (PMI_RANK, PMI_SIZE, PMI_FD, PMI_PORT, PMI_ID)),
                     _int(env, PMI_RANK, who), _int(env, PMI_SIZE, who),
                     _int(env, MPI_LOCALRANKID, who), _int(env, MPI_LOCALNRANKS, who))
