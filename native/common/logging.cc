@@ -5,6 +5,7 @@
 #include <cstdarg>
 #include <cstdio>
 #include <cstdlib>
+#include <string>
 
 namespace shvd {
 
@@ -37,13 +38,23 @@ bool log_enabled(LogLevel level) { return int(level) >= int(threshold()); }
 
 void log_message(LogLevel level, const char* format, ...) {
   if (!log_enabled(level)) return;
-  char buf[1024];
-  va_list args;
+  va_list args, again;
   va_start(args, format);
-  std::vsnprintf(buf, sizeof buf, format, args);
+  va_copy(again, args);
+  char small[512];
+  int n = std::vsnprintf(small, sizeof small, format, args);
   va_end(args);
+  std::string text;
+  if (n >= int(sizeof small)) {  // long messages (a stall report's tensor list) are not cut
+    text.resize(size_t(n) + 1);
+    std::vsnprintf(&text[0], text.size(), format, again);
+    text.resize(size_t(n));
+  } else {
+    text.assign(small, n > 0 ? size_t(n) : 0);
+  }
+  va_end(again);
   // One fprintf per line, so lines of concurrent threads do not interleave mid-line.
-  std::fprintf(stderr, "spark_hvd %s: %s\n", kNames[int(level)], buf);
+  std::fprintf(stderr, "spark_hvd %s: %s\n", kNames[int(level)], text.c_str());
 }
 
 }  // namespace shvd
