@@ -16,10 +16,19 @@ the old library, so processes that already loaded the old one are not disturbed.
     python build.py --clean       # remove build/native and the libraries
     python build.py --no-tensorflow --no-torch   # the core only
     python build.py -j 4 -v       # 4 parallel compiles, print every command
+    python build.py --no-smoke-test   # cross builds: a library this machine cannot run
 
 Environment: CXX (compiler, default g++), CXXFLAGS / LDFLAGS (appended), SPARK_HVD_BUILD_JOBS,
-SPARK_HVD_NATIVE_DIR (source tree, default ./native; used for testing the build itself).
+SPARK_HVD_NATIVE_DIR (source tree, default ./native; used for testing the build itself),
+SPARK_HVD_SKIP_SMOKE_TEST=1 (as --no-smoke-test).
 setup.py imports build() from here, so `pip install .` / `pip install -e .` build the library.
+
+The core exports its C API (the shvd_* functions) and nothing else: its sources are compiled
+-fvisibility=hidden (c_api.cc, which defines the API, excepted) and linked with the version script
+native/exports.map, so a C++ runtime linked in statically stays private. A freshly linked core
+is installed only after a smoke test: two processes that load it next to the system's C++
+runtime, as torch and TensorFlow do, init, allreduce and shut down over 127.0.0.1 (a fraction of
+a second). When that fails the build fails, naming the compiler and what to do.
 
 The TensorFlow op library is built against the TensorFlow that the building interpreter
 imports (its headers and libtensorflow_framework), and rebuilt when that version or its sources
@@ -35,13 +44,19 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import contextlib
+import ctypes
 import fcntl
+import functools
 import json
 import os
+import re
+import selectors
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -61,6 +76,29 @@ DEBUG_FLAGS = ["-O0", "-g"]
 ASAN_FLAGS = ["-fsanitize=address", "-fno-omit-frame-pointer"]
 LINK_LIBS = ["-pthread", "-lrt", "-ldl"]
 
+# The core's symbols are its own (only the C API is exported), so the compiler may bind every
+# call inside the library directly. The framework libraries do not get these flags: hiding the
+# inline functions of torch's or TensorFlow's headers would give the library private copies of
+# their static locals.
+HIDDEN_FLAGS = ["-fvisibility=hidden", "-fvisibility-inlines-hidden"]
+# Defines the extern "C" shvd_* functions, declared in include/spark_hvd.h without a visibility
+# attribute: compiled with default visibility so that exports.map can export them (a hidden
+# symbol cannot be), with inline functions hidden like everywhere else.
+API_SOURCE_FLAGS = ["-fvisibility-inlines-hidden"]
+API_SOURCES = ("c_api.cc",)
+# Which symbols a library exports (native/exports.map: shvd_* alone, whatever static archives
+# such as libstdc++.a bring in stays private). The TensorFlow op library keeps its exports, so
+# it hides the archives' symbols with --exclude-libs instead.
+EXPORTS_MAP = "exports.map"
+PRIVATE_ARCHIVES_FLAG = "-Wl,--exclude-libs,ALL"
+
+SKIP_SMOKE_TEST_ENV = "SPARK_HVD_SKIP_SMOKE_TEST"
+# A healthy pair connects within milliseconds; a broken library that cannot read its peers'
+# addresses waits this long for them before it fails.
+SMOKE_START_TIMEOUT_S = 10.0
+SMOKE_TIMEOUT_S = 40.0  # the whole test, processes included, before they are killed
+SMOKE_MISSING_EXPORTS = 3  # a smoke test process's exit status: the library lacks API functions
+
 
 class BuildError(RuntimeError):
     """A compile or link step failed; the message holds the compiler output."""
@@ -77,6 +115,26 @@ def _compiler() -> list[str]:
 
 def _env_flags(name: str) -> list[str]:
     return shlex.split(os.environ.get(name, ""))
+
+
+@functools.lru_cache(maxsize=None)
+def compiler_version(cxx: tuple[str, ...]) -> str:
+    """The first line of ``cxx --version`` (e.g. ``g++ (Debian 12.2.0-14) 12.2.0``)."""
+    try:
+        proc = subprocess.run(list(cxx) + ["--version"], capture_output=True, text=True,
+                              timeout=30)
+        first = (proc.stdout or proc.stderr).strip().splitlines()
+    except (OSError, subprocess.TimeoutExpired):
+        first = []
+    return first[0].strip() if first else f"{cxx[0]} (version unknown)"
+
+
+def _exports_map(src_dir: Path) -> Path:
+    exports = src_dir / EXPORTS_MAP
+    if not exports.is_file():
+        raise BuildError(f"{exports} is missing: the version script that keeps everything but "
+                         "the shvd_* functions private to the library")
+    return exports
 
 
 # Standalone test programs (with their own main) live in tests/ and are built by their tests;
@@ -153,21 +211,28 @@ def _compile_one(cmd: list[str], src: Path, obj: Path, verbose: bool) -> tuple[P
     return src, output
 
 
-def _produce(cmd: list[str], output: Path, what: str, verbose: bool) -> None:
+def _produce(cmd: list[str], output: Path, what: str, verbose: bool, verify=None) -> None:
     """Runs ``cmd -o <temp>`` and renames the temp file over ``output``, so that processes which
-    already loaded the old library are not disturbed and a failure leaves the old one."""
+    already loaded the old library are not disturbed and a failure leaves the old one.
+    ``verify(temp)``, when given, runs before the rename: a library that fails it (BuildError)
+    is never installed."""
     tmp = output.with_name(output.name + f".tmp{os.getpid()}")
     cmd = cmd + ["-o", str(tmp)]
     if verbose:
         print(" ".join(shlex.quote(c) for c in cmd), flush=True)
     proc = subprocess.run(cmd, capture_output=True, text=True)
     out = (proc.stdout + proc.stderr).strip()
-    if proc.returncode != 0:
+    try:
+        if proc.returncode != 0:
+            raise BuildError(f"{what} {output.name} failed (exit {proc.returncode}):\n{out}")
+        if out:
+            print(f"[build] {what} {output.name}:\n{out}", flush=True)
+        if verify is not None:
+            verify(tmp)
+    except BaseException:
         with contextlib.suppress(OSError):
             tmp.unlink()
-        raise BuildError(f"{what} {output.name} failed (exit {proc.returncode}):\n{out}")
-    if out:
-        print(f"[build] {what} {output.name}:\n{out}", flush=True)
+        raise
     os.replace(tmp, output)
 
 
@@ -192,10 +257,17 @@ def build(
     src_dir: str | os.PathLike | None = None,
     build_dir: str | os.PathLike | None = None,
     output: str | os.PathLike | None = None,
+    smoke_test: bool | None = None,
 ) -> Path | None:
     """Compile and link the core. Returns the library path, or None when there are no sources.
 
-    Raises BuildError with the compiler's output when a step fails.
+    A library is installed at ``output`` only after it passed the two-process smoke test
+    (:func:`run_smoke_test`), unless ``smoke_test`` is False (default: True unless
+    ``SPARK_HVD_SKIP_SMOKE_TEST`` is set). An up-to-date library that has not passed it yet
+    (built with the test skipped) is tested, and removed if it fails.
+
+    Raises BuildError with the compiler's output when a step fails, or with what to do when the
+    smoke test fails.
     """
     src_dir = Path(src_dir or os.environ.get("SPARK_HVD_NATIVE_DIR") or DEFAULT_SRC).resolve()
     build_root = Path(build_dir or DEFAULT_BUILD).resolve()
@@ -205,6 +277,8 @@ def build(
     jobs = max(1, jobs)
     if asan:
         debug = True
+    if smoke_test is None:
+        smoke_test = os.environ.get(SKIP_SMOKE_TEST_ENV, "") in ("", "0")
 
     variant = "asan" if asan else ("debug" if debug else "release")
     obj_root = build_root / variant
@@ -222,6 +296,9 @@ def build(
     cxx = _compiler()
     if shutil.which(cxx[0]) is None:
         raise BuildError(f"C++ compiler {cxx[0]!r} not found; install g++ or set CXX")
+    version = compiler_version(tuple(cxx))
+    _log(f"compiler: {version} (CXX={' '.join(cxx)})", quiet)
+    exports = _exports_map(src_dir)
 
     flags = (
         BASE_FLAGS
@@ -233,16 +310,27 @@ def build(
     compile_cmd = cxx + flags
     link_cmd_base = (
         cxx
-        + ["-shared", f"-Wl,-soname,{LIB_NAME}", "-Wl,--no-undefined"]
+        + ["-shared", f"-Wl,-soname,{LIB_NAME}", "-Wl,--no-undefined",
+           f"-Wl,--version-script={exports}"]
         + (ASAN_FLAGS if asan else [])
         + _env_flags("LDFLAGS")
     )
+
+    def visibility_flags(src: Path) -> list[str]:
+        return API_SOURCE_FLAGS if src.relative_to(src_dir).as_posix() in API_SOURCES \
+            else HIDDEN_FLAGS
+
+    def verify(library: Path) -> None:
+        seconds = run_smoke_test(library, src_dir / "include" / "spark_hvd.h", asan=asan)
+        _log(f"smoke test passed: 2 processes ran init, allreduce and shutdown with "
+             f"{library.name.split('.tmp')[0]} in {seconds:.1f}s", quiet)
 
     with _lock(build_root):
         obj_root.mkdir(parents=True, exist_ok=True)
         # Different flags (or compiler) invalidate every object of this variant.
         flags_file = obj_root / "flags"
-        flags_sig = " ".join(compile_cmd) + f"\nsrc={src_dir}\n"
+        flags_sig = (" ".join(compile_cmd) + f"\n{version}\nhidden={HIDDEN_FLAGS} "
+                     f"api={API_SOURCES}:{API_SOURCE_FLAGS}\nsrc={src_dir}\n")
         flags_changed = not flags_file.exists() or flags_file.read_text() != flags_sig
 
         header_mtime = _newest_header_mtime(src_dir)
@@ -262,7 +350,8 @@ def build(
                 obj.parent.mkdir(parents=True, exist_ok=True)
             errors: list[str] = []
             with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
-                futures = [pool.submit(_compile_one, compile_cmd, s, o, verbose) for s, o in todo]
+                futures = [pool.submit(_compile_one, compile_cmd + visibility_flags(s), s, o,
+                                       verbose) for s, o in todo]
                 for fut in concurrent.futures.as_completed(futures):
                     try:
                         src, out = fut.result()
@@ -281,8 +370,8 @@ def build(
         else:
             _log(f"all {len(sources)} objects up to date ({variant})", quiet)
 
-        # Relink when an object is newer than the library, or the library came from another
-        # variant / object set (recorded in link_stamp).
+        # Relink when an object (or the version script) is newer than the library, or the
+        # library came from another variant / object set (recorded in link_stamp).
         link_stamp = build_root / "link_stamp"
         link_cmd = link_cmd_base + [str(o) for o in objects] + LINK_LIBS
         link_sig = " ".join(link_cmd) + f"\nout={output}\n"
@@ -291,15 +380,249 @@ def build(
             or not output.exists()
             or not link_stamp.exists()
             or link_stamp.read_text() != link_sig
-            or max(o.stat().st_mtime for o in objects) > output.stat().st_mtime
+            or max(p.stat().st_mtime for p in objects + [exports]) > output.stat().st_mtime
         )
+        # Records the library (inode, size, mtime) that last passed the smoke test.
+        smoke_stamp = build_root / "smoke_stamp"
         if need_link:
-            _produce(link_cmd, output, "linking", verbose)
+            _produce(link_cmd, output, "linking", verbose, verify if smoke_test else None)
             link_stamp.write_text(link_sig)
             _log(f"linked {_display(output)} in {time.monotonic() - t0:.1f}s", quiet)
         else:
             _log(f"{_display(output)} up to date", quiet)
+            if smoke_test and _read(smoke_stamp) != _file_identity(output):
+                try:
+                    verify(output)
+                except BuildError:
+                    # A library that fails it must not stay where spark_hvd loads it from.
+                    for p in (output, link_stamp):
+                        with contextlib.suppress(OSError):
+                            p.unlink()
+                    raise
+        if smoke_test:
+            smoke_stamp.write_text(_file_identity(output))
+        else:
+            _log("smoke test skipped (--no-smoke-test / SPARK_HVD_SKIP_SMOKE_TEST)", quiet)
     return output
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text()
+    except OSError:
+        return None
+
+
+def _file_identity(path: Path) -> str:
+    st = path.stat()
+    return f"{path} {st.st_ino} {st.st_size} {st.st_mtime_ns}\n"
+
+
+# --- The smoke test: two processes that use a freshly linked core through its C API -----------
+#
+# It loads the library the way a job does after `import torch` or `import tensorflow`: with the
+# system's C++ runtime already loaded and its locales initialised. A core that exports its
+# own copy of the runtime (or part of it) then shares some of its objects with that copy (the
+# locale facets' ids are STB_GNU_UNIQUE symbols, unified across the process whatever the load
+# order), and the two copies disagree: the peer list's ports read as 0 and ranks never connect.
+# Nothing here imports spark_hvd (the library under test is not where spark_hvd loads it from):
+# the structures are read from the header the library was built from, so they cannot drift.
+
+
+def run_smoke_test(library: Path, header: Path, asan: bool = False) -> float:
+    """Runs two processes that load ``library`` next to the system's C++ runtime, as a framework
+    does, and init, allreduce (two sizes) and shut down over 127.0.0.1 through its C API
+    (``header``). Returns the seconds it took; raises BuildError naming the compiler and what to
+    do when either process fails, crashes or hangs."""
+    t0 = time.monotonic()
+    env = dict(os.environ)
+    if asan:  # an ASan library loads only into a process that starts with the ASan runtime
+        asan_rt = subprocess.run(_compiler() + ["-print-file-name=libasan.so"],
+                                 capture_output=True, text=True).stdout.strip()
+        env.update(LD_PRELOAD=asan_rt, ASAN_OPTIONS="detect_leaks=0")
+    boot = ("import importlib.util as u, sys; s = u.spec_from_file_location('_shvd_build', "
+            "sys.argv[1]); m = u.module_from_spec(s); s.loader.exec_module(m); "
+            "sys.exit(m._smoke_worker(*sys.argv[2:]))")
+    procs, logs = [], []
+    failures: list[str] = []
+    try:
+        for rank in range(2):
+            log = tempfile.TemporaryFile(mode="w+")
+            logs.append(log)
+            procs.append(subprocess.Popen(
+                [sys.executable, "-c", boot, str(Path(__file__).resolve()), str(rank),
+                 str(library), str(header)],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True, env=env))
+        deadline = t0 + SMOKE_TIMEOUT_S
+        ports = [_read_line(p, deadline) for p in procs]
+        # Without both ports the peer list stays empty: the other process then fails at once.
+        peers = "".join(f"127.0.0.1 {port.split()[1]} smoke-host\n" for port in ports) \
+            if all(port.startswith("PORT ") for port in ports) else ""
+        for p in procs:
+            with contextlib.suppress(OSError):
+                p.stdin.write(peers)
+            with contextlib.suppress(OSError):
+                p.stdin.close()
+        for rank, p in enumerate(procs):
+            try:
+                p.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+                failures.append(f"rank {rank}: no result after {SMOKE_TIMEOUT_S:.0f} s (killed)")
+                continue
+            out = p.stdout.read()
+            if p.returncode != 0:
+                logs[rank].seek(0)
+                first = "" if ports[rank].startswith("PORT ") else ports[rank]
+                detail = "\n".join(x for x in (first, out.strip(), logs[rank].read().strip()[-1500:])
+                                   if x)
+                failures.append(f"rank {rank}: {_exit_status(p.returncode)}"
+                                + ("\n" + detail).replace("\n", "\n    "))
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        for log in logs:
+            log.close()
+    if failures:
+        missing_exports = any(p.returncode == SMOKE_MISSING_EXPORTS for p in procs)
+        raise BuildError(_smoke_failure_message(library, failures, missing_exports))
+    return time.monotonic() - t0
+
+
+def _read_line(proc: subprocess.Popen, deadline: float) -> str:
+    """The first line ``proc`` prints, or "" when it exits or the deadline passes first."""
+    with selectors.DefaultSelector() as sel:
+        sel.register(proc.stdout, selectors.EVENT_READ)
+        if not sel.select(max(0.0, deadline - time.monotonic())):
+            return ""
+    return proc.stdout.readline().strip()
+
+
+def _exit_status(code: int) -> str:
+    if code < 0:
+        with contextlib.suppress(ValueError):
+            return f"killed by {signal.Signals(-code).name}"
+        return f"killed by signal {-code}"
+    return f"exit status {code}"
+
+
+def _smoke_failure_message(library: Path, failures: list[str], missing_exports: bool) -> str:
+    cxx = _compiler()
+    ldflags = os.environ.get("LDFLAGS", "")
+    if missing_exports:
+        advice = (f"define every function that include/spark_hvd.h declares in "
+                  f"{' or '.join(API_SOURCES)} (the only source compiled with default "
+                  f"visibility; the others are -fvisibility=hidden), and name it shvd_* "
+                  f"({EXPORTS_MAP} exports nothing else)")
+    else:
+        static_runtime = [f for f in shlex.split(ldflags) if f.startswith("-static")]
+        advice = "build with the distribution's compiler: CXX=g++ python build.py"
+        if static_runtime:
+            advice = (f"drop {' '.join(static_runtime)} from LDFLAGS (the C++ runtime must be "
+                      f"the one torch and TensorFlow load), or {advice}")
+        advice += ". If a build with the distribution's g++ fails too, report this output"
+    return (
+        f"the smoke test of {library.name.split('.tmp')[0]} failed: two processes could not "
+        f"init, allreduce and shut down over 127.0.0.1 with it, so it was not installed (every "
+        f"multi-rank job would fail the same way).\n  " + "\n  ".join(failures) + "\n"
+        f"Compiler: {compiler_version(tuple(cxx))} (CXX={' '.join(cxx)}"
+        + (f", LDFLAGS={ldflags}" if ldflags else "") + ").\n"
+        f"What to do: {advice}. Only for a cross build whose library cannot run here: "
+        f"--no-smoke-test or {SKIP_SMOKE_TEST_ENV}=1.")
+
+
+_C_TYPES = {"int32_t": ctypes.c_int32, "int64_t": ctypes.c_int64, "double": ctypes.c_double}
+
+
+def _header_struct(header_text: str, name: str) -> type:
+    """The ctypes Structure for ``typedef struct { ... } name;`` of a C header whose fields are
+    int32_t / int64_t / double and pointers (char pointers become c_char_p, others c_void_p)."""
+    match = re.search(r"typedef\s+struct\s*\{([^}]*)\}\s*" + name + r"\s*;", header_text)
+    if match is None:
+        raise ValueError(f"no typedef struct {name} in the header")
+    fields = []
+    for decl in filter(None, (d.strip() for d in match.group(1).split(";"))):
+        first, *more = decl.split(",")
+        m = re.fullmatch(r"(?:const\s+)?(\w+)\s*(\*?)\s*(\w+)", first.strip())
+        if m is None or (m.group(1) not in _C_TYPES and not m.group(2)):
+            raise ValueError(f"cannot read the field declaration {decl!r} of {name}")
+        base = m.group(1)
+        declarators = [m.group(2, 3)] + [re.fullmatch(r"(\*?)\s*(\w+)", d.strip()).groups()
+                                         for d in more]
+        for star, field in declarators:
+            pointer = ctypes.c_char_p if base == "char" else ctypes.c_void_p
+            fields.append((field, pointer if star else _C_TYPES[base]))
+    return type(name, (ctypes.Structure,), {"_fields_": fields})
+
+
+def _load_system_cxx_runtime() -> None:
+    """Loads the system's libstdc++ and initialises its locales, as importing torch does."""
+    try:
+        runtime = ctypes.CDLL("libstdc++.so.6")
+    except OSError:
+        return  # no shared libstdc++ (a libc++ system): nothing a core could collide with
+    classic = getattr(runtime, "_ZNSt6locale7classicEv", None)  # std::locale::classic()
+    if classic is not None:
+        classic()
+
+
+def _smoke_worker(rank: str, library: str, header: str) -> int:
+    """One process of the smoke test (run by run_smoke_test): prints ``PORT <n>``, reads the
+    peer list from stdin, then init, allreduce, shutdown. Exit status 0 when all went right."""
+    import array
+
+    rank = int(rank)
+    _load_system_cxx_runtime()
+    lib = ctypes.CDLL(library)
+    text = re.sub(r"/\*.*?\*/|//[^\n]*", " ", Path(header).read_text(), flags=re.S)
+    missing = [f for f in dict.fromkeys(re.findall(r"\b(shvd_\w+)\s*\(", text))
+               if not hasattr(lib, f)]
+    if missing:
+        print(f"the library does not export {', '.join(missing)} (declared in {header})")
+        return SMOKE_MISSING_EXPORTS
+    lib.shvd_last_error.restype = ctypes.c_char_p
+
+    def check(result: int, what: str) -> int:
+        if result < 0:
+            raise RuntimeError(f"{what} failed: {lib.shvd_last_error().decode(errors='replace')}")
+        return result
+
+    try:
+        print(f"PORT {check(lib.shvd_listen(b'127.0.0.1'), 'shvd_listen')}", flush=True)
+        peers = sys.stdin.read()
+        options = _header_struct(text, "shvd_init_options")(
+            rank=rank, size=2, local_rank=rank, local_size=2, cross_rank=0, cross_size=1,
+            peers=peers.encode(), secret=b"build-smoke-test", secret_len=16,
+            job_id=b"build-smoke-test", use_shared_memory=1,
+            start_timeout_seconds=SMOKE_START_TIMEOUT_S, fusion_threshold_bytes=64 << 20,
+            cycle_time_ms=0.5, cache_capacity=1024, overlap=-1, shm_single_copy=1,
+            shm_single_copy_min_bytes=-1, shm_arenas=1)
+        check(lib.shvd_init(ctypes.byref(options)), "shvd_init")
+        if (lib.shvd_rank(), lib.shvd_size()) != (rank, 2):
+            raise RuntimeError(f"rank/size {lib.shvd_rank()}/{lib.shvd_size()}, not {rank}/2")
+        op_type = _header_struct(text, "shvd_op")
+        # A small allreduce and one large enough to take the chunked paths: sum of 1 and 2.
+        for n in (5, 1 << 18):
+            values = array.array("f", [rank + 1.0]) * n
+            shape = (ctypes.c_int64 * 1)(n)
+            op = op_type(op=0, name=f"smoke.{n}".encode(), dtype=7, ndim=1,  # allreduce, f32
+                         shape=ctypes.addressof(shape), input=values.buffer_info()[0],
+                         output=values.buffer_info()[0], reduce_op=1,  # sum
+                         prescale=1.0, postscale=1.0)
+            handle = ctypes.c_int64()
+            check(lib.shvd_enqueue(ctypes.byref(op), 1, ctypes.byref(handle)), "shvd_enqueue")
+            check(lib.shvd_wait_release(ctypes.byref(handle), 1), "allreduce")
+            if values != array.array("f", [3.0]) * n:
+                raise RuntimeError(f"allreduce of {n} floats gave {values[:5].tolist()}..., "
+                                   "expected 3.0 everywhere")
+        check(lib.shvd_shutdown(), "shvd_shutdown")
+    except (RuntimeError, ValueError) as e:
+        print(e, flush=True)
+        return 1
+    return 0
 
 
 def _python_json(python: str, code: str, timeout: float) -> dict | list | None:
@@ -356,12 +679,16 @@ def _framework_config(framework: str, python: str, build_root: Path) -> dict | N
     return config
 
 
-# framework -> (source folder, library, display name, link to the core, what is lost without it)
+# framework -> (source folder, library, display name, link to the core, what is lost without it,
+# whether only its shvd_* functions are exported: the torch allocator is called through them by
+# ctypes; TensorFlow registers the ops through the library's static constructors and may look up
+# its kernels' symbols, so that library keeps its exports and only hides static archives)
 FRAMEWORK_LIBRARIES = {
     "tensorflow": ("tensorflow", TF_LIB_NAME, "TensorFlow", True,
-                   "its graph ops (spark_hvd.tensorflow will use tf.numpy_function)"),
+                   "its graph ops (spark_hvd.tensorflow will use tf.numpy_function)", False),
     "torch": ("torch", TORCH_LIB_NAME, "torch", False,
-              "its shared-gradient allocator (gradients are copied through the shared segment)"),
+              "its shared-gradient allocator (gradients are copied through the shared segment)",
+              True),
 }
 
 
@@ -383,7 +710,7 @@ def build_framework_library(
     Returns the library path, or None when the framework is not importable (nothing to build
     against; the Python adapter then does without). Raises BuildError when the compile fails.
     """
-    folder, lib_name, display, link_core, lost = FRAMEWORK_LIBRARIES[framework]
+    folder, lib_name, display, link_core, lost, c_exports_only = FRAMEWORK_LIBRARIES[framework]
     src_dir = Path(src_dir or os.environ.get("SPARK_HVD_NATIVE_DIR") or DEFAULT_SRC).resolve()
     build_root = Path(build_dir or DEFAULT_BUILD).resolve()
     sources = sorted((src_dir / folder).glob("*.cc"))
@@ -398,12 +725,15 @@ def build_framework_library(
     fw_compile = [f"-isystem{f[2:]}" if f.startswith("-I") else f for f in fw["compile"]]
     core_link = ([f"-L{output.parent}", f"-l:{LIB_NAME}", "-Wl,-rpath,$ORIGIN"]
                  if link_core else [])
+    exports = [f"-Wl,--version-script={_exports_map(src_dir)}"] if c_exports_only else []
     cmd = (
         _compiler() + BASE_FLAGS + (DEBUG_FLAGS if debug else RELEASE_FLAGS) + fw_compile
         + [f"-I{src_dir}", "-shared"] + _env_flags("CXXFLAGS") + [str(s) for s in sources]
-        + core_link + ["-Wl,--no-undefined"] + fw["link"] + _env_flags("LDFLAGS")
+        + core_link + ["-Wl,--no-undefined", PRIVATE_ARCHIVES_FLAG] + exports + fw["link"]
+        + _env_flags("LDFLAGS")
     )
-    inputs = sources + [src_dir / "include" / "spark_hvd.h", src_dir / "common" / "types.h"]
+    inputs = sources + [src_dir / "include" / "spark_hvd.h", src_dir / "common" / "types.h",
+                        src_dir / EXPORTS_MAP]
     stamp = build_root / f"{framework}_stamp"
     signature = " ".join(cmd) + f"\n{framework}={fw['version']}\n"
     with _lock(build_root):
@@ -455,6 +785,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--src", default=None, help="source tree (default native/)")
     ap.add_argument("--build-dir", default=None, help="object directory (default build/native/)")
     ap.add_argument("--output", default=None, help=f"library path (default spark_hvd/_core/{LIB_NAME})")
+    ap.add_argument("--no-smoke-test", action="store_true",
+                    help="install the core without running two processes with it first (cross "
+                         f"builds; also {SKIP_SMOKE_TEST_ENV}=1)")
     args = ap.parse_args(argv)
 
     if args.clean:
@@ -463,7 +796,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         core = build(debug=args.debug, asan=args.asan, jobs=args.jobs, verbose=args.verbose,
                      quiet=args.quiet, src_dir=args.src, build_dir=args.build_dir,
-                     output=args.output)
+                     output=args.output, smoke_test=False if args.no_smoke_test else None)
         for framework, skip in (("tensorflow", args.no_tensorflow), ("torch", args.no_torch)):
             if core is not None and not skip and not args.asan:
                 build_framework_library(framework, core, debug=args.debug, verbose=args.verbose,

@@ -6,6 +6,10 @@ TensorFlow / torch is importable; in the source tree, so an editable install see
 copies it into the wheel as package data (SPARK_HVD_SKIP_NATIVE_BUILD=1 skips the build,
 SPARK_HVD_DEBUG_BUILD=1 builds -O0 -g). The library is a ctypes-loaded C ABI object, independent
 of the Python version, so the wheel is tagged py3-none-<platform>.
+
+As with `python build.py`, a freshly linked core goes into the package only after its
+two-process smoke test passed; when it fails, the install stops with build.py's message (which
+compiler, what to do). SPARK_HVD_SKIP_SMOKE_TEST=1 skips the test, for cross builds only.
 """
 
 import os
