@@ -24,6 +24,7 @@ SOURCES = [
     NATIVE / "tests" / "transport_test.cc",
     NATIVE / "common" / "types.cc",
     NATIVE / "common" / "hmac.cc",
+    NATIVE / "common" / "logging.cc",
     NATIVE / "transport" / "link.cc",
     NATIVE / "transport" / "tcp.cc",
     NATIVE / "transport" / "shm.cc",

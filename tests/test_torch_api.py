@@ -153,7 +153,8 @@ def test_gradient_rules():
     assert gradients.scale_factors(hvd.Sum, 1.0) == (1.0, 1.0)
     assert gradients.split_into_groups(list(range(7)), 3) == [[0, 1, 2], [3, 4], [5, 6]]
     assert gradients.split_into_groups([1, 2], 5) == [[1], [2]]
-    assert gradients.reducescatter_grad_scale(hvd.Average, 4, 2.0, 3.0) == 1.5
+    assert gradients.reducescatter_grad_scale(hvd.Average, 4, 2.0, 3.0) == 6.0
+    assert gradients.reducescatter_grad_scale(hvd.Sum, 4, 2.0, 3.0) == 24.0
     assert gradients.slice_offset([2, 3, 4], 2) == 5
     assert gradients.find_duplicates(["a", "b", "a", "a"]) == ["a"]
     with pytest.raises(ValueError, match="gradient_predivide_factor"):

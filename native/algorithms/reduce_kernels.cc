@@ -223,19 +223,12 @@ KernelFn select_kernel(DataType t, ReduceOp op) {
   throw OpMismatchError("unsupported reduction op code " + std::to_string(static_cast<int>(op)));
 }
 
-// Scaling multiplies in double (S), then converts back, truncating toward zero for integers
-// (Horovod's CPU behaviour). A float scaled by a power of two (Average over 2, 4, 8... ranks)
-// gives the same bits multiplied in float: the exact product is rounded once either way. Float
-// arithmetic there runs at twice double's vector width.
+// Scaling follows Horovod's CPU rules: integers multiply in double (S) and convert back,
+// truncating toward zero; float32 multiplies in float by the factor rounded to float (S =
+// float), float64 in double, and the 16-bit floats in float (scale_half).
 template <class T, class S = double>
 SHVD_VECTOR_CLONES void scale_plain(T* __restrict p, size_t n, S factor) {
   for (size_t i = 0; i < n; ++i) p[i] = static_cast<T>(static_cast<S>(p[i]) * factor);
-}
-
-// Whether multiplying a float by `factor` in float gives the bits the double product does.
-bool exact_in_float(double factor) {
-  int e;
-  return std::frexp(factor, &e) == 0.5 && e >= -125 && e <= 128;  // 2^-126 .. 2^127
 }
 
 template <float (*Widen)(uint16_t), uint16_t (*Narrow)(float)>
@@ -292,8 +285,7 @@ void reduce_out_scaled(void* dst, void* copy_to, const void* a, const void* b, s
       auto* d2 = static_cast<float*>(copy_to);
       auto* fa = static_cast<const float*>(a);
       auto* fb = static_cast<const float*>(b);
-      if (exact_in_float(factor)) return sum_scaled_twice(d, d2, fa, fb, count, float(factor));
-      return sum_scaled_twice(d, d2, fa, fb, count, factor);
+      return sum_scaled_twice(d, d2, fa, fb, count, float(factor));  // as scale_buffer
     }
     if (dtype == DataType::kFloat64)
       return sum_scaled_twice(static_cast<double*>(dst), static_cast<double*>(copy_to),
@@ -317,10 +309,8 @@ void scale_buffer(void* buf, size_t count, DataType dtype, double factor) {
       return scale_half<h2f, f2h>(static_cast<uint16_t*>(buf), count, factor);
     case DataType::kBFloat16:
       return scale_half<b2f, f2b>(static_cast<uint16_t*>(buf), count, factor);
-    case DataType::kFloat32:
-      if (exact_in_float(factor))
-        return scale_plain(static_cast<float*>(buf), count, static_cast<float>(factor));
-      return scale_plain(static_cast<float*>(buf), count, factor);
+    case DataType::kFloat32:  // in float with the factor rounded to float, as Horovod does
+      return scale_plain(static_cast<float*>(buf), count, static_cast<float>(factor));
     case DataType::kFloat64: return scale_plain(static_cast<double*>(buf), count, factor);
     case DataType::kBool: return;
   }

@@ -279,7 +279,16 @@ void typed_scale(uint8_t* p, double k) {
   memcpy(p, &v, sizeof(T));
 }
 
-// scale_buffer's contract: ints truncate toward zero, floats in double, halves in float.
+template <class T>
+void float_scale(uint8_t* p, double k) {
+  T v;
+  memcpy(&v, p, sizeof(T));
+  v = v * static_cast<T>(k);
+  memcpy(p, &v, sizeof(T));
+}
+
+// scale_buffer's contract (Horovod's): ints in double, truncated toward zero; float32 in float
+// by the factor rounded to float; float64 in double; halves in float.
 void ref_scale(DataType t, uint8_t* p, double k) {
   uint16_t h;
   switch (t) {
@@ -288,8 +297,8 @@ void ref_scale(DataType t, uint8_t* p, double k) {
     case DataType::kInt16: return typed_scale<int16_t>(p, k);
     case DataType::kInt32: return typed_scale<int32_t>(p, k);
     case DataType::kInt64: return typed_scale<int64_t>(p, k);
-    case DataType::kFloat32: return typed_scale<float>(p, k);
-    case DataType::kFloat64: return typed_scale<double>(p, k);
+    case DataType::kFloat32: return float_scale<float>(p, k);
+    case DataType::kFloat64: return float_scale<double>(p, k);
     case DataType::kFloat16:
       memcpy(&h, p, 2);
       h = float_to_half(half_to_float(h) * static_cast<float>(k));
@@ -363,8 +372,8 @@ void test_kernels() {
       }
     }
   }
-  // Float32 Average scaled by powers of two multiplies in float (twice the vector width): the
-  // bits must equal the double product's for any input, subnormal, huge, inf and NaN included.
+  // Float32 scales in float by the factor rounded to float, fused with the sum or not: the bits
+  // must equal that product's for any input, subnormal, huge, inf and NaN included.
   {
     const size_t n = 1 << 16;
     std::vector<float> a(n), b(n), out(n), copy(n), scaled(n);
@@ -377,17 +386,18 @@ void test_kernels() {
     auto same = [](float x, float y) {
       return (std::isnan(x) && std::isnan(y)) || !memcmp(&x, &y, 4);
     };
-    for (double k : {0.5, 0.25, 0x1p-10, 0x1p-126, 0x1p-127, 0x1p127, 2.0, 0.75}) {
+    for (double k : {0.5, 0.25, 0x1p-10, 0x1p-126, 0x1p-127, 0x1p127, 2.0, 0.75, 1.0 / 3,
+                     0.1234567891234}) {
       reduce_out_scaled(out.data(), copy.data(), a.data(), b.data(), n, DataType::kFloat32,
                         ReduceOp::kAverage, k);
       scaled = a;
       scale_buffer(scaled.data(), n, DataType::kFloat32, k);
       for (size_t i = 0; i < n; ++i) {
-        const float sum = static_cast<float>(static_cast<double>(a[i] + b[i]) * k);
-        const float one = static_cast<float>(static_cast<double>(a[i]) * k);
+        const float sum = (a[i] + b[i]) * static_cast<float>(k);
+        const float one = a[i] * static_cast<float>(k);
         if (!same(out[i], sum) || !same(copy[i], sum) || !same(scaled[i], one))
-          throw Failure("float32 scaling by " + std::to_string(k) + " differs from double at " +
-                        std::to_string(i));
+          throw Failure("float32 scaling by " + std::to_string(k) + " differs from the float "
+                        "product at " + std::to_string(i));
       }
     }
   }

@@ -168,7 +168,10 @@ def start(config, comm=None, process_sets=(), rendezvous=None, placement=None, s
     peers = ""
     if placement.size > 1:
         port = check(lib.shvd_listen(bind_addr.encode() or b"0.0.0.0"))
-        rendezvous_host = os.environ.get("SPARK_HVD_RENDEZVOUS_ADDR", "").rpartition(":")[0]
+        # The host the other ranks' launcher channel lives on: our rendezvous, or the store /
+        # server of another launcher (torchrun, horovodrun, PMI_PORT).
+        rendezvous_host = (getattr(rendezvous, "route_host", None)
+                           or os.environ.get("SPARK_HVD_RENDEZVOUS_ADDR", "").rpartition(":")[0])
         mine = f"{_advertised_host(bind_addr, rendezvous_host.strip('[]'))} {port} {host_id}"
         mine = mine.encode()
         lines = [v.decode() for v in rendezvous.allgather(mine)]

@@ -122,18 +122,19 @@ def form_groups(params, groups, name_of):
 # allgather:              this rank's slice of the gradient, averaged over the ranks.
 # broadcast(root):        the gradient averaged over the ranks, on the root; zero elsewhere.
 # alltoall(splits):       the gradient sent back with alltoall by the received splits.
-# reducescatter(op):      the gradients allgathered, times the forward's scale (1/n for
-#                         Average, times prescale x postscale).
+# reducescatter(op):      the gradients allgathered, times prescale x postscale, and times n
+#                         for Sum (Horovod's rule: n times the exact gradient for either op,
+#                         matching its convention that gradients are averaged over the ranks).
 
 GRAD_OP_ALLGATHER = Average
 GRAD_OP_BROADCAST = Average
 
 
 def reducescatter_grad_scale(op, set_size, prescale=1.0, postscale=1.0):
-    """The factor applied to the allgathered gradient of a reducescatter."""
+    """The factor applied to the allgathered gradient of a reducescatter (Horovod's)."""
     scale = float(prescale) * float(postscale)
-    if op == Average:
-        scale /= set_size
+    if op == Sum:
+        scale *= set_size
     return scale
 
 

@@ -130,7 +130,9 @@ def broadcast_optimizer_state(optimizer, root_rank, prefix="Parameter.",
     State that the root has created lazily (after its first ``step()``) is created on the other
     ranks; scalars and non-tensor options keep their Python types. Tensors are broadcast in
     one fused batch, the rest (the structure) as one pickled object. Unlike Horovod, no dummy
-    ``step()`` is taken to create state first, so parameters are never touched.
+    ``step()`` is taken to create state first, so parameters are never touched; as after
+    Horovod's dummy step, an optimizer with no state yet leaves every parameter that requires
+    grad with a ``.grad`` (zeros where it had none), which scripts may read.
 
     Every rank's optimizer must hold the same number of parameters per group, in the same
     order (build the model and optimizer the same way on every rank).
@@ -139,6 +141,8 @@ def broadcast_optimizer_state(optimizer, root_rank, prefix="Parameter.",
         process_set = global_process_set
     if not process_set.included():
         return
+    if not optimizer.state:
+        _zero_missing_grads(optimizer)
     me = rank()
     base = _auto_name("broadcast_optimizer_state", None, process_set_id(process_set))
     tensors = []
@@ -159,6 +163,13 @@ def broadcast_optimizer_state(optimizer, root_rank, prefix="Parameter.",
     if me == root_rank:
         return
     _apply_state(optimizer, _join_tensors(skeleton, tensors))
+
+
+def _zero_missing_grads(optimizer):
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            if p.requires_grad and p.grad is None:
+                p.grad = torch.zeros_like(p)
 
 
 def _collect_slots(value, out):

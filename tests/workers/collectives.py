@@ -31,11 +31,13 @@ def dname(dtype):
 # -- references ------------------------------------------------------------------------------
 
 def scale_like_core(x, factor):
-    """The core scales in double and casts back (integers truncate toward zero)."""
+    """Horovod's rules, which the core follows: integers in double, truncated toward zero;
+    float32 and float64 in their own type (the factor rounded to it); float16 in float32."""
     if factor == 1.0:
         return x
     if x.dtype.kind == "f":
-        return (x.astype(np.float64) * factor).astype(x.dtype)
+        wide = np.dtype(np.float32 if x.dtype == np.float16 else x.dtype)
+        return (x.astype(wide) * wide.type(factor)).astype(x.dtype)
     return np.trunc(x.astype(np.float64) * factor).astype(x.dtype)
 
 
@@ -423,7 +425,8 @@ class Suite:
         buf = xs[me].copy()
         c.run(tag + "/avg_inplace", hvd.allreduce_, buf, op=hvd.Average,
               name=tag + "/avg_inplace", process_set=self.ps)
-        self.expect(tag + "/avg_inplace", buf, (total * (1.0 / n)).astype(np.float32))
+        # Average scales float32 in float by 1/n rounded to float (Horovod's rule).
+        self.expect(tag + "/avg_inplace", buf, total.astype(np.float32) * np.float32(1.0 / n))
         del xs, total, got, buf
         # float16 over the ring: integer values are exact in fp16 below 2048.
         count = 2 ** 20 + 7

@@ -425,7 +425,11 @@ class Suite:
         xr = tf.constant(make(me, (rows_rs, 3), tf.float64, "gradxr"))
         got = c.run(t, grad_of, lambda x: tf.reduce_sum(
             hvd.reducescatter(x, op=hvd.Average, process_set=ps) * tf.constant(rws[me])), xr)
-        self.expect(t, got, np.concatenate(rws) / n, tf.float64)
+        self.expect(t, got, np.concatenate(rws), tf.float64)  # Horovod's rule: no 1/n
+        t = "grad/reducescatter_sum"
+        got = c.run(t, grad_of, lambda x: tf.reduce_sum(
+            hvd.reducescatter(x, op=hvd.Sum, process_set=ps) * tf.constant(rws[me])), xr)
+        self.expect(t, got, np.concatenate(rws) * n, tf.float64)  # and n times for Sum
 
 
 def errors(c, n, rank, outsider):

@@ -498,13 +498,13 @@ def gradients(c, ps, members):
     run(what, lambda x: hvd.alltoall(x, splits=splits[me], process_set=ps),
         make(members[me], (sum(splits[me]), 3), torch.float64, "a2a-s"), torch.cat(pieces))
     del recv
-    # reducescatter: allgathered gradient x (1/n for Average) x pre x post
+    # reducescatter: allgathered gradient x (n for Sum) x pre x post (Horovod's rule)
     for op, name in ((hvd.Sum, "Sum"), (hvd.Average, "Average")):
         what = f"rs-{name}"
         rows = [2 * n // n] * n
         pieces = torch.cat([w_of(i, (rows[i], 3), what) for i in range(n)])
         run(what, lambda x: hvd.reducescatter(x, op=op, process_set=ps, prescale_factor=3.0),
-            x_of(me), pieces * 3.0 / (n if name == "Average" else 1))
+            x_of(me), pieces * 3.0 * (n if name == "Sum" else 1))
     # grouped forms
     for op, k in ((hvd.Sum, 1.0), (hvd.Average, 1.0 / n)):
         xa, xb = x_of(me).clone().requires_grad_(), x_of(me, 3).clone().requires_grad_()
@@ -524,7 +524,7 @@ def gradients(c, ps, members):
     sa = sum(i + 1 for i in range(me))
     c.check(torch.allclose(xa.grad, ta[sa:sa + me + 1]) and
             torch.allclose(xb.grad, tb[2 * me:2 * me + 2]), "grad grouped_allgather")
-    for op, k in ((hvd.Sum, 1.0), (hvd.Average, 1.0 / n)):
+    for op, k in ((hvd.Sum, float(n)), (hvd.Average, 1.0)):
         xa = x_of(me).clone().requires_grad_()
         (ya,) = hvd.grouped_reducescatter([xa], op=op, process_set=ps, postscale_factor=3.0)
         (weights(hvd.rank(), ya.shape, "grs") * ya).sum().backward()
@@ -537,8 +537,8 @@ def gradients(c, ps, members):
 def finite_differences(c, ps, members):
     """Numerical check of the same rules: G = sum over members of L_r; perturbing one
     element of one member's input changes G by (autograd gradient) x h x k, where k is 1 for
-    allreduce / alltoall / reducescatter and n for allgather / broadcast (whose gradients are
-    averaged, Horovod's rule)."""
+    allreduce / alltoall, n for allgather / broadcast (whose gradients are averaged) and 1/n for
+    a reducescatter Sum (whose gradient is n times the exact one): Horovod's rules."""
     n, me = len(members), members.index(hvd.rank())
     h = 1e-6
     cases = [
@@ -546,7 +546,7 @@ def finite_differences(c, ps, members):
         ("ag", lambda x: hvd.allgather(x, process_set=ps), n),
         ("bc", lambda x: hvd.broadcast(x * x, members[0], process_set=ps), n),
         ("a2a", lambda x: hvd.alltoall(x * 2.0, process_set=ps), 1),
-        ("rs", lambda x: hvd.reducescatter(torch.sin(x), op=hvd.Sum, process_set=ps), 1),
+        ("rs", lambda x: hvd.reducescatter(torch.sin(x), op=hvd.Sum, process_set=ps), 1 / n),
     ]
     for what, fn, k in cases:
         x0 = make(members[me], (2 * n, 2), torch.float64, "fd-" + what)

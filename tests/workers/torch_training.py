@@ -512,6 +512,16 @@ def broadcasts(c, n, rank):
         hvd.broadcast_parameters(list(net.parameters()), root_rank=root)
         same_everywhere(c, f"parameter list from {root}", list(net.parameters()))
     c.raises("bad params type", ValueError, hvd.broadcast_parameters, 3, 0, match="invalid")
+    # A fresh optimizer's state broadcast leaves zero gradients on the trainable parameters
+    # (as Horovod's dummy step does) and none on frozen ones; the weights are untouched.
+    frozen = torch.nn.Parameter(torch.ones(2), requires_grad=False)
+    trained = torch.nn.Parameter(torch.full((3,), float(rank)))
+    opt = hvd.DistributedOptimizer(torch.optim.SGD([frozen, trained], lr=0.1, momentum=0.9))
+    hvd.broadcast_optimizer_state(opt, root_rank=0)
+    c.check(frozen.grad is None, f"frozen parameter got a gradient: {frozen.grad}")
+    c.check(trained.grad is not None and torch.equal(trained.grad, torch.zeros(3)),
+            f"trainable parameter's gradient after the state broadcast: {trained.grad}")
+    c.check(torch.equal(trained.detach(), torch.full((3,), float(rank))), "weights touched")
     # objects
     obj = hvd.broadcast_object({"rank": rank, "t": torch.ones(2) * rank}, root_rank=n - 1)
     c.check(obj["rank"] == n - 1 and torch.equal(obj["t"], torch.ones(2) * (n - 1)),
