@@ -112,7 +112,9 @@ bool Coordinator::needs_rank(const Pending& p, int rank) const {
   if (p.present[rank]) return false;
   const Request* any = first_request(p);
   if (!any) return false;
-  if (any->op == OpType::kAllreduce && joined_.count(rank)) return false;
+  // A joined rank submits nothing until everyone joined: allreduce goes on without it (zeros),
+  // any other op fails on the ranks that did submit it (build_response), as in Horovod.
+  if (joined_.count(rank)) return false;
   return sets_->index_of(any->process_set, rank) >= 0;
 }
 

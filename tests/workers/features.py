@@ -229,6 +229,21 @@ def join(c, order="ascending"):
         time.sleep(0.5)
     last2 = hvd.join()
     c.check(0 <= last2 < size, f"second join() returned {last2}")
+    # Only allreduce goes on while a rank has joined: the others' allgather, broadcast,
+    # alltoall and reducescatter fail at once (RuntimeError, as Horovod's), never wait for it.
+    for first in range(size):
+        if rank != first:
+            time.sleep(0.2)  # let `first` join before the others submit
+            for what, fn in (("allgather", lambda: hvd.allgather(np.ones(2), name="j.ag")),
+                             ("broadcast", lambda: hvd.broadcast(np.ones(2), 0, name="j.bc")),
+                             ("alltoall", lambda: hvd.alltoall(np.ones(size), name="j.a2a")),
+                             ("reducescatter",
+                              lambda: hvd.reducescatter(np.ones(size), name="j.rs"))):
+                c.raises(f"{what} while rank {first} joined", RuntimeError, fn,
+                         match="joined")
+        last_now = hvd.join()
+        c.check(last_now != first and 0 <= last_now < size,
+                f"join() returned {last_now}; rank {first} joined first")
     hvd.shutdown()
     c.fields["last"] = last
 
