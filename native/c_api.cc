@@ -452,35 +452,45 @@ int32_t shvd_wait_release(const int64_t* handles, int32_t n) {
 int32_t shvd_wait_release_one(int64_t handle) { return shvd_wait_release(&handle, 1); }
 
 namespace {
-HandleTable::Clock::time_point deadline_in(int32_t timeout_ms) {
-  return HandleTable::Clock::now() + std::chrono::milliseconds(std::max<int32_t>(timeout_ms, 0));
+// Waits up to `timeout_ms` for every op of `handles` that is still running (unknown handles are
+// skipped); false when the time ran out. The clock is read only once one has to be waited for.
+bool wait_all_for(Engine& e, const int64_t* handles, int32_t n, int32_t timeout_ms) {
+  using Clock = HandleTable::Clock;
+  Clock::time_point deadline{};
+  for (int i = 0; i < n; ++i) {
+    auto s = e.handles().get(handles[i]);
+    if (!s || s->done.load(std::memory_order_acquire)) continue;
+    if (deadline == Clock::time_point{})
+      deadline = Clock::now() + std::chrono::milliseconds(std::max<int32_t>(timeout_ms, 0));
+    if (!e.handles().wait_until(s, deadline)) return false;
+  }
+  return true;
 }
 }  // namespace
 
 int32_t shvd_wait_for(const int64_t* handles, int32_t n, int32_t timeout_ms) {
   REQUIRE_ENGINE(e);
-  const auto deadline = deadline_in(timeout_ms);
-  for (int i = 0; i < n; ++i) {
-    auto s = e->handles().get(handles[i]);
-    if (!s) return fail(SHVD_ERR_STATE, "unknown or released handle " + std::to_string(handles[i]));
-    if (!e->handles().wait_until(s, deadline)) return 1;
-  }
-  return 0;
+  for (int i = 0; i < n; ++i)
+    if (!e->handles().get(handles[i]))
+      return fail(SHVD_ERR_STATE, "unknown or released handle " + std::to_string(handles[i]));
+  return wait_all_for(*e, handles, n, timeout_ms) ? 0 : 1;
 }
 
 int32_t shvd_wait_release_for(const int64_t* handles, int32_t n, int32_t timeout_ms) {
   REQUIRE_ENGINE(e);
-  const auto deadline = deadline_in(timeout_ms);
-  for (int i = 0; i < n; ++i) {
-    auto s = e->handles().get(handles[i]);
-    // Unknown handles are reported by shvd_wait_release below, as without a timeout.
-    if (s && !e->handles().wait_until(s, deadline)) return 1;
-  }
+  if (!wait_all_for(*e, handles, n, timeout_ms)) return 1;
   return shvd_wait_release(handles, n);  // every op completed: this no longer blocks
 }
 
 int32_t shvd_wait_release_one_for(int64_t handle, int32_t timeout_ms) {
-  return shvd_wait_release_for(&handle, 1, timeout_ms);
+  // The per-tensor hot path (ResultHandle.wait): one lookup, no clock read when already done.
+  REQUIRE_HANDLE(e, s, handle);
+  if (!s->done.load(std::memory_order_acquire) &&
+      !e->handles().wait_until(s, HandleTable::Clock::now() +
+                                      std::chrono::milliseconds(std::max<int32_t>(timeout_ms, 0))))
+    return 1;
+  e->handles().release(handle);
+  return s->error_kind ? fail(s->error_kind, s->error) : 0;
 }
 
 int32_t shvd_release_completed(int64_t* handles, int32_t n) {
