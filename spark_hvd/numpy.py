@@ -19,12 +19,12 @@ from .common import *  # noqa: F401,F403  (the shared API: init, rank, ProcessSe
 from .common import _ops
 from .common._native import (BOOL, FLOAT16, FLOAT32, FLOAT64, INT8, INT16, INT32, INT64,
                              OP_ALLGATHER, OP_ALLREDUCE, OP_ALLTOALL, OP_BARRIER, OP_BROADCAST,
-                             OP_JOIN, OP_REDUCESCATTER, UINT8)
+                             OP_JOIN, OP_REDUCESCATTER, UINT8, UINT16)
 from .common.objects import allgather_object, broadcast_object  # noqa: F401
 from .common.process_sets import global_process_set, process_set_id
 
-_DTYPES = {np.dtype(np.uint8): UINT8, np.dtype(np.int8): INT8, np.dtype(np.int16): INT16,
-           np.dtype(np.int32): INT32, np.dtype(np.int64): INT64,
+_DTYPES = {np.dtype(np.uint8): UINT8, np.dtype(np.int8): INT8, np.dtype(np.uint16): UINT16,
+           np.dtype(np.int16): INT16, np.dtype(np.int32): INT32, np.dtype(np.int64): INT64,
            np.dtype(np.float16): FLOAT16, np.dtype(np.float32): FLOAT32,
            np.dtype(np.float64): FLOAT64, np.dtype(np.bool_): BOOL}
 
@@ -210,7 +210,7 @@ def reducescatter_async(array, op=None, name=None, process_set=global_process_se
                         prescale_factor=1.0, postscale_factor=1.0):
     """Starts a reducescatter; the result is this rank's block of the reduced array."""
     array = _contiguous(array)
-    reduce_op = _ops.resolve_reduce_op(op, None)
+    reduce_op = _ops.resolve_scatter_op(op)
     ps = process_set_id(process_set)
     h = _ops.enqueue_one(OP_REDUCESCATTER, _ops.auto_name("reducescatter", name, ps),
                          _dtype_code(array), array.shape, _ptr(array), None,

@@ -186,6 +186,7 @@ KernelFn numeric_kernel(DataType t) {
     case DataType::kUInt8: return reduce_plain<uint8_t, Op>;
     case DataType::kInt8: return reduce_plain<int8_t, Op>;
     case DataType::kInt16: return reduce_plain<int16_t, Op>;
+    case DataType::kUInt16: return reduce_plain<uint16_t, Op>;
     case DataType::kInt32: return reduce_plain<int32_t, Op>;
     case DataType::kInt64: return reduce_plain<int64_t, Op>;
     case DataType::kFloat16: return reduce_half<h2f, f2h, Op>;
@@ -303,6 +304,7 @@ void scale_buffer(void* buf, size_t count, DataType dtype, double factor) {
     case DataType::kUInt8: return scale_plain(static_cast<uint8_t*>(buf), count, factor);
     case DataType::kInt8: return scale_plain(static_cast<int8_t*>(buf), count, factor);
     case DataType::kInt16: return scale_plain(static_cast<int16_t*>(buf), count, factor);
+    case DataType::kUInt16: return scale_plain(static_cast<uint16_t*>(buf), count, factor);
     case DataType::kInt32: return scale_plain(static_cast<int32_t*>(buf), count, factor);
     case DataType::kInt64: return scale_plain(static_cast<int64_t*>(buf), count, factor);
     case DataType::kFloat16:

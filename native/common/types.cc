@@ -11,6 +11,7 @@ size_t dtype_size(DataType t) {
     case DataType::kBool:
       return 1;
     case DataType::kInt16:
+    case DataType::kUInt16:
     case DataType::kFloat16:
     case DataType::kBFloat16:
       return 2;
@@ -29,6 +30,7 @@ const char* dtype_name(DataType t) {
     case DataType::kUInt8: return "uint8";
     case DataType::kInt8: return "int8";
     case DataType::kInt16: return "int16";
+    case DataType::kUInt16: return "uint16";
     case DataType::kInt32: return "int32";
     case DataType::kInt64: return "int64";
     case DataType::kFloat16: return "float16";

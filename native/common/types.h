@@ -20,8 +20,9 @@ enum class DataType : int32_t {
   kFloat32 = 7,
   kFloat64 = 8,
   kBool = 9,
+  kUInt16 = 10,  // appended: earlier codes keep their values (C ABI)
 };
-constexpr int kNumDataTypes = 10;
+constexpr int kNumDataTypes = 11;
 
 enum class ReduceOp : int32_t {
   kAverage = 0,  // Sum on the wire, divided by the set size afterwards.

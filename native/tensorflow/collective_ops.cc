@@ -1,5 +1,6 @@
-// TensorFlow graph op for the allreduce family: one kernel that hands a list of tensors to the
-// core (one negotiation, fused) and blocks until their results are in. Built separately from
+// TensorFlow graph op for the allreduce family: one asynchronous kernel that hands a list of
+// tensors to the core (one negotiation, fused) and completes when their results are in. Built
+// separately from
 // the core, against the installed TensorFlow (build.py), and loaded by spark_hvd.tensorflow when
 // present; without it graphs fall back to tf.numpy_function nodes.
 //
@@ -8,9 +9,15 @@
 // other op reads it (forward_input_or_allocate_output), which saves a pass over the result.
 // It talks to the core only through its public C ABI (spark_hvd.h), so the core stays framework
 // free.
+#include <condition_variable>
 #include <cstdint>
 #include <cstdlib>
+#include <deque>
+#include <functional>
+#include <mutex>
 #include <string>
+#include <thread>
+#include <utility>
 #include <vector>
 
 #include "tensorflow/core/framework/op.h"
@@ -22,6 +29,7 @@
 
 namespace spark_hvd_tf {
 
+using tensorflow::AsyncOpKernel;
 using tensorflow::DataType;
 using tensorflow::OpKernel;
 using tensorflow::OpKernelConstruction;
@@ -29,7 +37,8 @@ using tensorflow::OpKernelContext;
 using tensorflow::Tensor;
 
 REGISTER_OP("SparkHvdAllreduce")
-    .Attr("T: list({uint8, int8, int16, int32, int64, half, bfloat16, float, double, bool})")
+    .Attr("T: list({uint8, int8, uint16, int16, int32, int64, half, bfloat16, float, double, "
+          "bool})")
     .Attr("tensor_names: list(string)")
     .Attr("group: string = ''")
     .Attr("reduce_op: int")
@@ -57,6 +66,7 @@ int32_t core_dtype(DataType t) {
     case tensorflow::DT_UINT8: d = DataType::kUInt8; break;
     case tensorflow::DT_INT8: d = DataType::kInt8; break;
     case tensorflow::DT_INT16: d = DataType::kInt16; break;
+    case tensorflow::DT_UINT16: d = DataType::kUInt16; break;
     case tensorflow::DT_INT32: d = DataType::kInt32; break;
     case tensorflow::DT_INT64: d = DataType::kInt64; break;
     case tensorflow::DT_HALF: d = DataType::kFloat16; break;
@@ -69,12 +79,14 @@ int32_t core_dtype(DataType t) {
   return int32_t(d);
 }
 
-// The same exception classes the tf.numpy_function path gives (TensorFlow maps a Python
-// ValueError to InvalidArgument and other exceptions to Unknown), so both paths raise alike.
-absl::Status core_error() {
+// Horovod's status classes: a request the ranks disagree about (found while negotiating, so
+// reported by the wait) is FailedPrecondition; one refused when it is enqueued (bad arguments
+// on this rank) is InvalidArgument.
+absl::Status core_error(bool negotiated) {
   const std::string msg = shvd_last_error();
   switch (shvd_last_error_kind()) {
-    case SHVD_ERR_INVALID: return absl::InvalidArgumentError(msg);
+    case SHVD_ERR_INVALID:
+      return negotiated ? absl::FailedPreconditionError(msg) : absl::InvalidArgumentError(msg);
     case SHVD_ERR_STATE: return absl::InvalidArgumentError(msg);
     case SHVD_ERR_UNSUPPORTED: return absl::UnimplementedError(msg);
     default: return absl::UnknownError("HorovodInternalError: " + msg);
@@ -87,11 +99,74 @@ void* data_of(const Tensor& t) {
   return t.NumElements() ? const_cast<char*>(t.tensor_data().data()) : empty_tensor_data;
 }
 
+// Waits for the ops that kernels enqueued and completes those kernels, on one thread of its own
+// (SparkHvdAllreduce's, and SparkHvdWait's for the collectives that run as tf.numpy_function).
+// A kernel must not block its executor thread until the other ranks arrive: a graph run by a
+// Session may hold more independent collectives than the inter-op pool has threads (2 on a
+// 2-core host), each rank's executor starts them in its own order, and blocked threads then
+// wait for ops the other rank cannot start (Horovod's test_horovod_allreduce_cpu_fused hung so).
+// Waiting in enqueue order is enough: every op is already with the core, which completes them
+// in the negotiated order whoever waits.
+class Waiter {
+ public:
+  using Done = std::function<void(absl::Status)>;
+
+  static Waiter& instance() {
+    static Waiter* waiter = new Waiter();  // never destroyed: its thread may outlive main()
+    return *waiter;
+  }
+
+  // `release`: release the handles once done and report the first op's error (the allreduce
+  // kernel); else only wait, leaving results and errors to whoever collects the handles.
+  void add(std::vector<int64_t> handles, bool release, Done done) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      queue_.push_back(Item{std::move(handles), release, std::move(done)});
+    }
+    cv_.notify_one();
+  }
+
+ private:
+  Waiter() { std::thread([this] { run(); }).detach(); }
+
+  struct Item {
+    std::vector<int64_t> handles;
+    bool release;
+    Done done;
+  };
+
+  void run() {
+    for (;;) {
+      Item item;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_.wait(lock, [this] { return !queue_.empty(); });
+        item = std::move(queue_.front());
+        queue_.pop_front();
+      }
+      const int32_t n = int32_t(item.handles.size());
+      if (!item.release) {
+        while (shvd_wait_for(item.handles.data(), n, 1000) == 1) {
+        }
+        item.done(absl::OkStatus());
+        continue;
+      }
+      const bool ok = shvd_wait_release(item.handles.data(), n) == 0;
+      // The core's last error is per thread: read on this one, which waited.
+      item.done(ok ? absl::OkStatus() : core_error(/*negotiated=*/true));
+    }
+  }
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Item> queue_;
+};
+
 }  // namespace
 
-class AllreduceOp : public OpKernel {
+class AllreduceOp : public AsyncOpKernel {
  public:
-  explicit AllreduceOp(OpKernelConstruction* c) : OpKernel(c) {
+  explicit AllreduceOp(OpKernelConstruction* c) : AsyncOpKernel(c) {
     OP_REQUIRES_OK(c, c->GetAttr("tensor_names", &names_));
     OP_REQUIRES_OK(c, c->GetAttr("group", &group_));
     OP_REQUIRES_OK(c, c->GetAttr("reduce_op", &reduce_op_));
@@ -105,7 +180,7 @@ class AllreduceOp : public OpKernel {
                 absl::InvalidArgumentError("SparkHvdAllreduce needs one name per tensor"));
   }
 
-  void Compute(OpKernelContext* ctx) override {
+  void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
     const int n = ctx->num_inputs();
     std::vector<std::vector<int64_t>> shapes(n);
     std::vector<shvd_op> ops(n);
@@ -113,7 +188,8 @@ class AllreduceOp : public OpKernel {
       const Tensor& in = ctx->input(i);
       Tensor* out = nullptr;
       // In place when nothing else reads the input (typical for a gradient).
-      OP_REQUIRES_OK(ctx, ctx->forward_input_or_allocate_output({i}, i, in.shape(), &out));
+      OP_REQUIRES_OK_ASYNC(ctx, ctx->forward_input_or_allocate_output({i}, i, in.shape(), &out),
+                           done);
       for (int d = 0; d < in.dims(); ++d) shapes[i].push_back(in.dim_size(d));
       shvd_op& op = ops[i];
       op = shvd_op{};
@@ -131,12 +207,16 @@ class AllreduceOp : public OpKernel {
       op.group = group_.empty() ? nullptr : group_.c_str();
       op.group_size = group_.empty() ? 0 : n;
     }
-    if (n == 0) return;
+    if (n == 0) return done();
     std::vector<int64_t> handles(n);
-    OP_REQUIRES(ctx, shvd_enqueue(ops.data(), n, handles.data()) == 0, core_error());
-    // Blocks this executor thread, like the op it replaces; inputs and outputs stay referenced
-    // by ctx until Compute returns, so the core's pointers remain valid.
-    OP_REQUIRES(ctx, shvd_wait_release(handles.data(), n) == 0, core_error());
+    OP_REQUIRES_ASYNC(ctx, shvd_enqueue(ops.data(), n, handles.data()) == 0,
+                      core_error(/*negotiated=*/false), done);
+    // Inputs and outputs stay referenced by ctx until `done` runs, so the core's pointers
+    // remain valid while the op is in flight.
+    Waiter::instance().add(std::move(handles), /*release=*/true, [ctx, done](absl::Status status) {
+      if (!status.ok()) ctx->SetStatus(status);
+      done();
+    });
   }
 
  private:
@@ -148,5 +228,59 @@ class AllreduceOp : public OpKernel {
 };
 
 REGISTER_KERNEL_BUILDER(Name("SparkHvdAllreduce").Device(tensorflow::DEVICE_CPU), AllreduceOp);
+
+// Completes when the core's ops `handles` have completed, without releasing them, and passes
+// `key` on. The collectives that run as tf.numpy_function nodes (allgather, broadcast,
+// alltoall, reducescatter) are split around it in a graph: one node enqueues, this one waits
+// off the executor's threads, one node collects the results. A node that blocked until the
+// other ranks arrive could hang a graph with more independent collectives than the inter-op
+// pool has threads, as the allreduce kernel could (see Waiter).
+REGISTER_OP("SparkHvdWait")
+    .Input("handles: int64")
+    .Input("key: int64")
+    .Output("key_out: int64")
+    .SetIsStateful()
+    .SetShapeFn([](tensorflow::shape_inference::InferenceContext* c) {
+      c->set_output(0, c->input(1));
+      return absl::OkStatus();
+    });
+
+class WaitOp : public AsyncOpKernel {
+ public:
+  explicit WaitOp(OpKernelConstruction* c) : AsyncOpKernel(c) {}
+
+  void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
+    ctx->set_output(0, ctx->input(1));
+    auto flat = ctx->input(0).flat<int64_t>();
+    std::vector<int64_t> handles(flat.data(), flat.data() + flat.size());
+    if (handles.empty()) return done();
+    Waiter::instance().add(std::move(handles), /*release=*/false,
+                           [done](absl::Status) { done(); });
+  }
+};
+
+REGISTER_KERNEL_BUILDER(Name("SparkHvdWait").Device(tensorflow::DEVICE_CPU), WaitOp);
+
+// Fails with FailedPrecondition(message) when `failed` is true. The collectives that run as
+// tf.numpy_function nodes report a disagreement of the ranks through it: TensorFlow turns any
+// Python exception of such a node into InvalidArgument or Unknown, while Horovod (and the
+// allreduce kernel above) raise FailedPrecondition for it.
+REGISTER_OP("SparkHvdCheck")
+    .Input("failed: bool")
+    .Input("message: string")
+    .SetIsStateful()
+    .SetShapeFn([](tensorflow::shape_inference::InferenceContext*) { return absl::OkStatus(); });
+
+class CheckOp : public OpKernel {
+ public:
+  explicit CheckOp(OpKernelConstruction* c) : OpKernel(c) {}
+
+  void Compute(OpKernelContext* ctx) override {
+    if (ctx->input(0).scalar<bool>()())
+      ctx->SetStatus(absl::FailedPreconditionError(ctx->input(1).scalar<tensorflow::tstring>()()));
+  }
+};
+
+REGISTER_KERNEL_BUILDER(Name("SparkHvdCheck").Device(tensorflow::DEVICE_CPU), CheckOp);
 
 }  // namespace spark_hvd_tf

@@ -198,7 +198,7 @@ void test_half_conversions() {
 const DataType kAllTypes[] = {DataType::kUInt8,   DataType::kInt8,     DataType::kInt16,
                               DataType::kInt32,   DataType::kInt64,    DataType::kFloat16,
                               DataType::kBFloat16, DataType::kFloat32, DataType::kFloat64,
-                              DataType::kBool};
+                              DataType::kBool,    DataType::kUInt16};
 const ReduceOp kAllOps[] = {ReduceOp::kSum, ReduceOp::kAverage, ReduceOp::kMin, ReduceOp::kMax,
                             ReduceOp::kProduct};
 
@@ -229,6 +229,7 @@ void ref_elem(DataType t, ReduceOp op, const uint8_t* a, const uint8_t* b, uint8
     case DataType::kUInt8: return typed_ref<uint8_t>(op, a, b, out);
     case DataType::kInt8: return typed_ref<int8_t>(op, a, b, out);
     case DataType::kInt16: return typed_ref<int16_t>(op, a, b, out);
+    case DataType::kUInt16: return typed_ref<uint16_t>(op, a, b, out);
     case DataType::kInt32: return typed_ref<int32_t>(op, a, b, out);
     case DataType::kInt64: return typed_ref<int64_t>(op, a, b, out);
     case DataType::kFloat32: return typed_ref<float>(op, a, b, out);
@@ -295,6 +296,7 @@ void ref_scale(DataType t, uint8_t* p, double k) {
     case DataType::kUInt8: return typed_scale<uint8_t>(p, k);
     case DataType::kInt8: return typed_scale<int8_t>(p, k);
     case DataType::kInt16: return typed_scale<int16_t>(p, k);
+    case DataType::kUInt16: return typed_scale<uint16_t>(p, k);
     case DataType::kInt32: return typed_scale<int32_t>(p, k);
     case DataType::kInt64: return typed_scale<int64_t>(p, k);
     case DataType::kFloat32: return float_scale<float>(p, k);

@@ -69,6 +69,9 @@ void Timeline::write_event(int row, const char* ph, const std::string& name) {
           first_event_ ? "" : ",\n", json_escape(name).c_str(), ph, now_us(), row,
           ph[0] == 'i' ? ", \"s\": \"p\"" : "");
   first_event_ = false;
+  // Readable while the job runs, as Horovod's writer leaves it (its tests read the file right
+  // after an op); the timeline is a debugging aid, so a write per event is an accepted cost.
+  fflush(file_);
 }
 
 void Timeline::begin(const std::string& tensor, const char* phase) {

@@ -17,12 +17,13 @@ ERR_INVALID, ERR_INTERNAL, ERR_STATE, ERR_UNSUPPORTED = 1, 2, 3, 4
  OP_ADD_PROCESS_SET, OP_REMOVE_PROCESS_SET) = range(9)
 
 # Data type codes (native/common/types.h).
-UINT8, INT8, INT16, INT32, INT64, FLOAT16, BFLOAT16, FLOAT32, FLOAT64, BOOL = range(10)
-DTYPE_SIZES = {UINT8: 1, INT8: 1, INT16: 2, INT32: 4, INT64: 8, FLOAT16: 2, BFLOAT16: 2,
-               FLOAT32: 4, FLOAT64: 8, BOOL: 1}
-DTYPE_NAMES = {UINT8: "uint8", INT8: "int8", INT16: "int16", INT32: "int32", INT64: "int64",
-               FLOAT16: "float16", BFLOAT16: "bfloat16", FLOAT32: "float32", FLOAT64: "float64",
-               BOOL: "bool"}
+# UINT16 came later and was appended, so the earlier codes kept their values.
+UINT8, INT8, INT16, INT32, INT64, FLOAT16, BFLOAT16, FLOAT32, FLOAT64, BOOL, UINT16 = range(11)
+DTYPE_SIZES = {UINT8: 1, INT8: 1, UINT16: 2, INT16: 2, INT32: 4, INT64: 8, FLOAT16: 2,
+               BFLOAT16: 2, FLOAT32: 4, FLOAT64: 8, BOOL: 1}
+DTYPE_NAMES = {UINT8: "uint8", INT8: "int8", UINT16: "uint16", INT16: "int16", INT32: "int32",
+               INT64: "int64", FLOAT16: "float16", BFLOAT16: "bfloat16", FLOAT32: "float32",
+               FLOAT64: "float64", BOOL: "bool"}
 
 
 class InitOptions(ctypes.Structure):

@@ -9,6 +9,7 @@ import warnings
 from collections import defaultdict
 
 from . import basics
+from ._errors import CollectiveError
 from ._native import OP_ALLREDUCE, check, lib, raise_last_error
 
 # Reduce ops: the values are the core's codes.
@@ -42,6 +43,17 @@ def resolve_reduce_op(op, average, default=Average):
         return default
     if op not in _REDUCE_OP_NAMES:
         raise ValueError(f"unknown reduce op {op!r}; use Average, Sum, Min, Max or Product")
+    return op
+
+
+def resolve_scatter_op(op, average=None, default=Average):
+    """``resolve_reduce_op`` for reducescatter, which reduces with Average or Sum only: any
+    other op is a :class:`CollectiveError` (a ``RuntimeError`` as Horovod's refusal was, and a
+    ``ValueError``) raised on the calling rank before anything is enqueued."""
+    op = resolve_reduce_op(op, average, default)
+    if op not in (Average, Sum):
+        raise CollectiveError(f"reducescatter supports op=Average and op=Sum only, not "
+                              f"op={_REDUCE_OP_NAMES[op]}")
     return op
 
 

@@ -17,7 +17,9 @@ class ProcessSet:
     """A set of global ranks. ``process_set_id`` is assigned when the set is registered."""
 
     def __init__(self, ranks_or_comm):
+        self.mpi_comm = None  # Horovod's attribute: the communicator the set was made from
         if hasattr(ranks_or_comm, "Get_group"):  # an mpi4py communicator
+            self.mpi_comm = ranks_or_comm
             world = ranks_or_comm.Get_group()
             from mpi4py import MPI
             ranks = MPI.Group.Translate_ranks(world, range(world.Get_size()),
@@ -59,13 +61,15 @@ class ProcessSet:
         return hash((tuple(self.ranks), self.process_set_id))
 
     def __repr__(self):
-        return f"ProcessSet(process_set_id={self.process_set_id}, ranks={self.ranks})"
+        return (f"ProcessSet(process_set_id={self.process_set_id}, ranks={self.ranks}, "
+                f"mpi_comm={self.mpi_comm})")  # Horovod's form
 
 
 class _GlobalProcessSet(ProcessSet):
     def __init__(self):
         self.ranks = []
         self.process_set_id = 0
+        self.mpi_comm = None
 
     def _refresh(self):
         self.ranks = list(range(basics.size())) if basics.is_initialized() else []

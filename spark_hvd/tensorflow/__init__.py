@@ -31,6 +31,8 @@ objects), ``gradient_tape`` (DistributedGradientTape, PartialDistributedGradient
 """
 
 import tensorflow as tf
+# Horovod's private name, which its tests call (hvd._executing_eagerly()).
+from tensorflow.python.eager.context import executing_eagerly as _executing_eagerly  # noqa: F401
 
 from ..common.basics import (ccl_built, cross_rank, cross_size, cuda_built, ddl_built,
                              gloo_built, gloo_enabled, init, is_homogeneous, is_initialized,
@@ -99,3 +101,6 @@ __all__ = [
     "rank_op", "reducescatter", "remove_process_set", "rocm_built", "shutdown", "size",
     "size_op", "start_timeline", "stop_timeline",
 ]
+
+# hvd.mpi_ops, as in Horovod; imported last because it re-exports this package's names.
+from . import mpi_ops  # noqa: E402,F401

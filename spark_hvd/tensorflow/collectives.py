@@ -20,12 +20,16 @@ the name is fixed when the function is traced, from the outermost function's nam
 counter of that trace, so a rank that retraces (e.g. on a smaller last batch) still agrees with
 the others. Grouped ops are negotiated together and fused by the core.
 
-Errors the core reports (ranks disagree about shape, dtype, op, root...) are raised on every
-rank: eagerly as :class:`CollectiveError` (a ``ValueError``, ``RuntimeError`` and
-``tf.errors.InvalidArgumentError`` at once); from a ``tf.function`` TensorFlow turns it into
-``tf.errors.InvalidArgumentError`` carrying the same message. Adasum over a number of ranks that
-is not a power of two raises ``NotImplementedError`` when the op is called or traced, as in
-Horovod.
+Errors are raised on every rank, with Horovod's classes. Ranks that disagree about an op
+(shape, dtype, op, root...; found when the ranks negotiate it) raise
+``tf.errors.FailedPreconditionError``: eagerly a :class:`MismatchError`, which is also a
+:class:`CollectiveError`; in a graph the same class with the same message (the allreduce kernel
+reports it, and a ``SparkHvdCheck`` node for the ``tf.numpy_function`` ones; without the op
+library it is ``InvalidArgumentError``). Arguments refused on this rank raise
+:class:`CollectiveError` (a ``ValueError``, ``RuntimeError`` and
+``tf.errors.InvalidArgumentError`` at once), ``InvalidArgumentError`` from a graph. Adasum over
+a number of ranks that is not a power of two raises ``NotImplementedError`` when the op is
+called or traced, as in Horovod.
 """
 
 import ctypes
@@ -44,14 +48,14 @@ from ..common import _errors
 from ..common._config import env_flag
 from ..common._native import (BFLOAT16, BOOL, FLOAT16, FLOAT32, FLOAT64, INT8, INT16, INT32,
                               INT64, OP_ALLGATHER, OP_ALLREDUCE, OP_ALLTOALL, OP_BARRIER,
-                              OP_BROADCAST, OP_JOIN, OP_REDUCESCATTER, UINT8)
+                              OP_BROADCAST, OP_JOIN, OP_REDUCESCATTER, UINT8, UINT16)
 from ..common._ops import Adasum, Average, Sum
 from ..common._outputs import wait_output_into
 from ..common.gradients import check_adasum_size
 from ..common.process_sets import global_process_set, process_set_id
 
-_CODES = {tf.uint8: UINT8, tf.int8: INT8, tf.int16: INT16, tf.int32: INT32, tf.int64: INT64,
-          tf.float16: FLOAT16, tf.bfloat16: BFLOAT16, tf.float32: FLOAT32,
+_CODES = {tf.uint8: UINT8, tf.int8: INT8, tf.uint16: UINT16, tf.int16: INT16, tf.int32: INT32,
+          tf.int64: INT64, tf.float16: FLOAT16, tf.bfloat16: BFLOAT16, tf.float32: FLOAT32,
           tf.float64: FLOAT64, tf.bool: BOOL}
 _NP_CODES = {np.dtype(d.as_numpy_dtype): code for d, code in _CODES.items()}
 
@@ -75,9 +79,26 @@ class CollectiveError(_errors.CollectiveError, tf.errors.InvalidArgumentError):
         return type(self), (self.message,)
 
 
-def _raise_as_collective_error(e):
-    if isinstance(e, ValueError) and not isinstance(e, (CollectiveError, NotImplementedError)):
-        raise CollectiveError(str(e)).with_traceback(e.__traceback__) from None
+class MismatchError(CollectiveError, tf.errors.FailedPreconditionError):
+    """The ranks disagreed about a collective (shape, dtype, op, root...), found when they
+    negotiated it: ``tf.errors.FailedPreconditionError`` as in Horovod, eagerly and in graphs.
+    Still a :class:`CollectiveError` (``ValueError``, ``RuntimeError`` and
+    ``tf.errors.InvalidArgumentError``), so handlers written for spark_hvd's errors catch it.
+    """
+
+    def __init__(self, message):
+        tf.errors.OpError.__init__(self, None, None, message, tf.errors.FAILED_PRECONDITION)
+
+
+def _raise_as_collective_error(e, negotiated=False):
+    """Re-raises a ValueError as a CollectiveError: a MismatchError when the core reported it
+    while waiting (``negotiated``: the ranks disagreed), else the plain class (this rank's
+    arguments were refused)."""
+    if isinstance(e, ValueError) and not isinstance(e, (MismatchError, NotImplementedError)):
+        if negotiated:
+            raise MismatchError(str(e)).with_traceback(e.__traceback__) from None
+        if not isinstance(e, CollectiveError):
+            raise CollectiveError(str(e)).with_traceback(e.__traceback__) from None
     raise e
 
 
@@ -98,10 +119,8 @@ def reduce_op(op, average=None, default=Average):
 
 
 def scatter_op(op):
-    op = reduce_op(op)
-    if op not in (Average, Sum):
-        raise ValueError("reducescatter supports op=Average and op=Sum only")
-    return op
+    """Average or Sum (reducescatter's only ops); any other is a CollectiveError."""
+    return _ops.resolve_scatter_op(op)
 
 
 _graph_counters = weakref.WeakKeyDictionary()
@@ -218,7 +237,7 @@ def _wait_all(ids, keepalive):
     try:
         _ops.wait_all(ids, keepalive)
     except ValueError as e:
-        _raise_as_collective_error(e)
+        _raise_as_collective_error(e, negotiated=True)
 
 
 def _collect_outputs(ids, arrays, alloc, want_ints=0):
@@ -237,14 +256,33 @@ def _collect_outputs(ids, arrays, alloc, want_ints=0):
         except Exception as e:  # noqa: BLE001 - re-raised below
             error = error or e
     if error is not None:
-        _raise_as_collective_error(error)
+        _raise_as_collective_error(error, negotiated=True)
     return outs, ints
 
 
 # -- kernels: lists of NumPy arrays in, results out -----------------------------------------
 
+class _Kernel:
+    """A collective in two steps: ``start(arrays, alloc)`` enqueues it and returns ``(handle
+    ids, pending)``; ``finish(pending)`` waits for the handles and returns the outputs. Called
+    as a function the steps run back to back (eagerly, and in graphs without the op library);
+    in a graph with the op library a SparkHvdWait node waits between them (run_kernel)."""
+
+    def __init__(self, start, finish):
+        self.start, self.finish = start, finish
+
+    def __call__(self, arrays, alloc):
+        return self.finish(self.start(arrays, alloc)[1])
+
+
+def _finish_in_place(pending):
+    ids, arrays, outs = pending
+    _wait_all(ids, (arrays, outs))
+    return [obj for obj, _ in outs]
+
+
 def _allreduce_kernel(names, group, op, prescale, postscale, set_id):
-    def run(arrays, alloc):
+    def start(arrays, alloc):
         arrays = [_contiguous(a) for a in arrays]
         outs = [alloc(a.shape, a.dtype) for a in arrays]
         records = [_ops.make_op(OP_ALLREDUCE, n, _NP_CODES[a.dtype], a.shape, _ptr(a),
@@ -252,13 +290,13 @@ def _allreduce_kernel(names, group, op, prescale, postscale, set_id):
                                 postscale=postscale, process_set=set_id, group=group,
                                 group_size=len(arrays) if group else 0)
                    for n, a, (_, view) in zip(names, arrays, outs)]
-        _wait_all(_enqueue(records), (arrays, outs))
-        return [obj for obj, _ in outs]
-    return run
+        ids = _enqueue(records)
+        return ids, (ids, arrays, outs)
+    return _Kernel(start, _finish_in_place)
 
 
 def _gather_kernel(kind, names, group, set_id, op=Sum, prescale=1.0, postscale=1.0):
-    def run(arrays, alloc):
+    def start(arrays, alloc):
         arrays = [_contiguous(a) for a in arrays]
         arrays = [a.reshape(1) if a.ndim == 0 and kind == OP_ALLGATHER else a for a in arrays]
         records = [_ops.make_op(kind, n, _NP_CODES[a.dtype], a.shape, _ptr(a), None,
@@ -266,33 +304,43 @@ def _gather_kernel(kind, names, group, set_id, op=Sum, prescale=1.0, postscale=1
                                 process_set=set_id, group=group,
                                 group_size=len(arrays) if group else 0)
                    for n, a in zip(names, arrays)]
-        return _collect_outputs(_enqueue(records), arrays, alloc)[0]
-    return run
+        ids = _enqueue(records)
+        return ids, (ids, arrays, alloc)
+
+    def finish(pending):
+        ids, arrays, alloc = pending
+        return _collect_outputs(ids, arrays, alloc)[0]
+    return _Kernel(start, finish)
 
 
 def _broadcast_kernel(names, root_rank, set_id):
-    def run(arrays, alloc):
+    def start(arrays, alloc):
         arrays = [_contiguous(a) for a in arrays]
         outs = [alloc(a.shape, a.dtype) for a in arrays]
         records = [_ops.make_op(OP_BROADCAST, n, _NP_CODES[a.dtype], a.shape, _ptr(a),
                                 _ptr(view), root_rank=root_rank, process_set=set_id)
                    for n, a, (_, view) in zip(names, arrays, outs)]
-        _wait_all(_enqueue(records), (arrays, outs))
-        return [obj for obj, _ in outs]
-    return run
+        ids = _enqueue(records)
+        return ids, (ids, arrays, outs)
+    return _Kernel(start, _finish_in_place)
 
 
 def _alltoall_kernel(name, set_id, want):
-    def run(arrays, alloc):
+    def start(arrays, alloc):
         a = _contiguous(arrays[0])
         splits = () if len(arrays) == 1 else tuple(int(s) for s in np.reshape(arrays[1], -1))
         record = _ops.make_op(OP_ALLTOALL, name, _NP_CODES[a.dtype], a.shape, _ptr(a), None,
                               process_set=set_id, splits=splits)
-        outs, ints = _collect_outputs(_enqueue([record]), [a], alloc, want_ints=want)
+        ids = _enqueue([record])
+        return ids, (ids, a, alloc)
+
+    def finish(pending):
+        ids, a, alloc = pending
+        outs, ints = _collect_outputs(ids, [a], alloc, want_ints=want)
         received, view = alloc((len(ints[0]),), np.int32)
         view[...] = ints[0]
         return [outs[0], received]
-    return run
+    return _Kernel(start, finish)
 
 
 # -- the native graph op (optional) ---------------------------------------------------------
@@ -346,13 +394,55 @@ def run_kernel(kernel, tensors, out_dtypes, out_shapes):
         outs = kernel([_eager_array(t) for t in tensors], _alloc)
         return [_adopt(o) for o in outs]
 
-    def graph_kernel(*arrays):
-        return kernel([np.asarray(a) for a in arrays], _alloc)  # scalars arrive unboxed
-    outs = tf.numpy_function(graph_kernel, list(tensors), list(out_dtypes), stateful=True)
-    outs = list(outs) if isinstance(outs, (list, tuple)) else [outs]
+    ops = graph_ops()
+    if ops is not None and isinstance(kernel, _Kernel):
+        outs = _two_step_graph(ops, kernel, tensors, out_dtypes)
+    else:  # a mismatch then surfaces as TensorFlow makes it: InvalidArgumentError
+        def graph_kernel(*arrays):
+            return kernel([np.asarray(a) for a in arrays], _alloc)  # scalars arrive unboxed
+        outs = tf.numpy_function(graph_kernel, list(tensors), list(out_dtypes), stateful=True)
+        outs = list(outs) if isinstance(outs, (list, tuple)) else [outs]
     for o, shape in zip(outs, out_shapes):
         o.set_shape(shape)
     return outs
+
+
+_pending = {}  # key -> a started op's pending state, from its start node to its finish node
+_pending_keys = itertools.count()
+
+
+def _two_step_graph(ops, kernel, tensors, out_dtypes):
+    """``kernel`` as three graph nodes, so that no executor thread waits for the other ranks:
+    a tf.numpy_function that enqueues the op, a SparkHvdWait node that waits for it on the op
+    library's own thread, and a tf.numpy_function that collects the results. A single node
+    blocking until the others arrive could hang a tf.compat.v1 graph that holds more
+    independent collectives than the inter-op pool has threads, each rank starting them in its
+    own order (Horovod's grouped IndexedSlices test did).
+
+    The collecting node reports a MismatchError (the ranks disagreed) as (failed, message) to a
+    SparkHvdCheck node, which every output depends on, so that the graph fails with
+    FailedPrecondition as eagerly and in Horovod (TensorFlow would turn the exception into
+    InvalidArgument). A run cancelled between the two nodes leaves its entry in ``_pending``."""
+    def start(*arrays):
+        # Copies: the op outlives this node, after which TensorFlow may reuse its inputs.
+        ids, pending = kernel.start([np.array(a) for a in arrays], _alloc)
+        key = next(_pending_keys)
+        _pending[key] = pending
+        return np.int64(key), np.asarray(ids, np.int64)
+    key, ids = tf.numpy_function(start, list(tensors), [tf.int64, tf.int64], stateful=True)
+    key = ops.spark_hvd_wait(ids, key)
+    empty = [np.zeros(0, tf.as_dtype(d).as_numpy_dtype) for d in out_dtypes]
+
+    def finish(key):
+        try:
+            outs = kernel.finish(_pending.pop(int(key)))
+        except MismatchError as e:
+            return empty + [np.bool_(True), np.bytes_(e.message.encode())]
+        return list(outs) + [np.bool_(False), np.bytes_(b"")]
+    *outs, failed, message = tf.numpy_function(
+        finish, [key], list(out_dtypes) + [tf.bool, tf.string], stateful=True)
+    with tf.control_dependencies([ops.spark_hvd_check(failed, message)]):
+        return [tf.identity(o) for o in outs]
 
 
 def _tensors(values):

@@ -61,7 +61,9 @@ def _allreduce_diff(tensors, name, op, pre, post, process_set, grouped):
 
 def _sparse_allreduce(slices, name, op, prescale, postscale, process_set):
     """Horovod's reduction of ``tf.IndexedSlices``: allgather values and indices (a sparse sum
-    is the concatenation of the entries), divided by the set size for Average."""
+    is the concatenation of the entries), divided by the set size for Average as Horovod
+    divides (``values / size``: integer values become floating point). The scale factors serve
+    the gradient reducers' predivide factor; the public ops refuse them, as Horovod does."""
     if op not in (Average, Sum):
         raise NotImplementedError("allreduce of tf.IndexedSlices supports op=Average and op=Sum "
                                   "only; densify it (sparse_as_dense=True) for other ops")
@@ -69,9 +71,9 @@ def _sparse_allreduce(slices, name, op, prescale, postscale, process_set):
                        process_set=process_set)
     indices = allgather(slices.indices, name=None if name is None else f"{name}.indices",
                         process_set=process_set)
-    scale = float(prescale) * float(postscale)
     if op == Average:
-        scale /= member_count(process_set)
+        values = values / tf.cast(member_count(process_set), values.dtype)
+    scale = float(prescale) * float(postscale)
     if scale != 1.0:
         values = values * tf.constant(scale, values.dtype)
     return tf.IndexedSlices(values, indices, dense_shape=slices.dense_shape)
@@ -97,6 +99,10 @@ def allreduce(tensor, average=None, device_dense='', device_sparse='',
     """
     op = reduce_op(op, average)
     if isinstance(tensor, tf.IndexedSlices):
+        if prescale_factor != 1.0 or postscale_factor != 1.0:
+            raise NotImplementedError("prescale_factor / postscale_factor are not supported with "
+                                      "tf.IndexedSlices (as in Horovod): scale the values, or "
+                                      "densify the slices first")
         return _sparse_allreduce(tensor, name, op, prescale_factor, postscale_factor,
                                  process_set)
     compressed, ctx = compression.compress(tf.convert_to_tensor(tensor))
@@ -189,7 +195,11 @@ def broadcast(tensor, root_rank, name=None, ignore_name_scope=False,
     def backward(dys, _ys):
         reduced = allreduce_list(dys, None, GRAD_OP_BROADCAST, 1.0, 1.0, process_set, False)
         if basics.rank() != root_rank:
-            return [tf.zeros_like(r) for r in reduced]
+            # Zeros that depend on the allreduce: the root waits for this rank's part, and in a
+            # tf.compat.v1 graph TensorFlow would prune an allreduce nothing reads (zeros_like
+            # of a known shape folds into a constant), hanging the root.
+            with tf.control_dependencies(reduced):
+                return [tf.zeros(tf.shape(r), r.dtype) for r in reduced]
         return reduced
     return _differentiable([tensor], forward, backward)[0]
 

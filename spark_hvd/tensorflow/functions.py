@@ -15,8 +15,8 @@ __all__ = ["allgather_object", "broadcast_", "broadcast_object", "broadcast_obje
 
 # Dtypes the core does not know travel bit for bit as an integer of the same width (Keras
 # seed-generator states are uint32), complex numbers as pairs of reals.
-_BITCAST = {tf.uint16: tf.int16, tf.uint32: tf.int32, tf.uint64: tf.int64,
-            tf.complex64: tf.float32, tf.complex128: tf.float64}
+_BITCAST = {tf.uint32: tf.int32, tf.uint64: tf.int64, tf.complex64: tf.float32,
+            tf.complex128: tf.float64}
 
 
 def _to_wire(value):
@@ -36,7 +36,9 @@ def _assign_from_root(variables, root_rank, name, process_set):
     """Assigns ``root_rank``'s values to ``variables`` (one batch); returns the assign ops."""
     values = [_to_wire(tf.convert_to_tensor(v)) for v in variables]
     received = broadcast_list(values, root_rank, name, process_set)
-    return [v.assign(_from_wire(r, tf.as_dtype(v.dtype))) for v, r in zip(variables, received)]
+    # base_dtype: a tf.compat.v1 RefVariable's dtype is the reference type (e.g. bool_ref).
+    return [v.assign(_from_wire(r, tf.as_dtype(v.dtype).base_dtype))
+            for v, r in zip(variables, received)]
 
 
 @tf.autograph.experimental.do_not_convert

@@ -65,3 +65,6 @@ __all__ = [
     "reducescatter_async", "remove_process_set", "rocm_built", "shutdown", "size",
     "sparse_allreduce_async", "start_timeline", "stop_timeline", "synchronize",
 ]
+
+# hvd.mpi_ops, as in Horovod; imported last because it re-exports this package's names.
+from . import mpi_ops  # noqa: E402,F401

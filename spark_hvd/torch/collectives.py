@@ -24,14 +24,15 @@ from ..common import _ops, basics
 from ..common._errors import as_collective_error
 from ..common._native import (BFLOAT16, BOOL, FLOAT16, FLOAT32, FLOAT64, INT8, INT16, INT32,
                               INT64, OP_ALLGATHER, OP_ALLREDUCE, OP_ALLTOALL, OP_BARRIER,
-                              OP_BROADCAST, OP_JOIN, OP_REDUCESCATTER, UINT8)
+                              OP_BROADCAST, OP_JOIN, OP_REDUCESCATTER, UINT8, UINT16)
 from ..common._ops import Adasum, Average, Sum
 from ..common._outputs import wait_output_into
 from ..common.process_sets import global_process_set, process_set_id
 
-_DTYPES = {torch.uint8: UINT8, torch.int8: INT8, torch.int16: INT16, torch.int32: INT32,
-           torch.int64: INT64, torch.float16: FLOAT16, torch.bfloat16: BFLOAT16,
-           torch.float32: FLOAT32, torch.float64: FLOAT64, torch.bool: BOOL}
+_DTYPES = {torch.uint8: UINT8, torch.int8: INT8, torch.uint16: UINT16, torch.int16: INT16,
+           torch.int32: INT32, torch.int64: INT64, torch.float16: FLOAT16,
+           torch.bfloat16: BFLOAT16, torch.float32: FLOAT32, torch.float64: FLOAT64,
+           torch.bool: BOOL}
 
 # The core wants a valid address even for zero bytes; empty tensors may have none.
 _EMPTY = ctypes.create_string_buffer(8)
@@ -451,11 +452,7 @@ def alltoall_async(tensor, splits=None, name=None, process_set=global_process_se
 
 # -- reducescatter --------------------------------------------------------------------------
 
-def _scatter_op(op):
-    op = _reduce_op(op, None)
-    if op not in (Average, Sum):
-        raise ValueError("reducescatter supports op=Average and op=Sum only")
-    return op
+_scatter_op = _ops.resolve_scatter_op  # Average or Sum; any other op is a CollectiveError
 
 
 def reducescatter_async(tensor, name=None, op=Average, process_set=global_process_set,

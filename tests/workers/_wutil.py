@@ -15,7 +15,7 @@ import zlib
 
 import numpy as np
 
-ALL_DTYPES = [np.uint8, np.int8, np.int16, np.int32, np.int64, np.float16, np.float32,
+ALL_DTYPES = [np.uint8, np.int8, np.uint16, np.int16, np.int32, np.int64, np.float16, np.float32,
               np.float64, np.bool_]
 
 
@@ -104,8 +104,8 @@ def make_input(rank: int, shape, dtype, tag, kind: str = "sum") -> np.ndarray:
         return rng.integers(low, 3, size=shape).astype(dtype)
     if dtype.kind == "f":
         return rng.uniform(-4, 4, size=shape).astype(dtype)
-    if dtype.kind == "u":
-        return rng.integers(0, 50, size=shape).astype(dtype)
+    if dtype.kind == "u":  # wider types past 255: a byte-wise kernel would show
+        return rng.integers(0, 50 if dtype.itemsize == 1 else 2000, size=shape).astype(dtype)
     bound = 25 if dtype.itemsize == 1 else 1000
     return rng.integers(-bound, bound, size=shape).astype(dtype)
 

@@ -160,6 +160,9 @@ def main():
     c.raises("unknown op", ValueError, hvd.allreduce, x, name="bad_op_code", op=42)
     c.raises("reducescatter Max", ValueError, hvd.reducescatter, np.ones((size, 2)),
              op=hvd.Max, name="rs_max", match=["Sum", "Average"])
+    # Horovod refuses it with a RuntimeError: both classes, like every CollectiveError.
+    c.raises("reducescatter Adasum", RuntimeError, hvd.reducescatter, np.ones((size, 2)),
+             op=hvd.Adasum, name="rs_adasum", match=["Sum", "Average", "Adasum"])
     c.raises("op and average", ValueError, hvd.allreduce, x, name="both", op=hvd.Sum,
              average=True)
     c.raises("unsupported dtype", ValueError, hvd.allreduce, np.ones(2, np.complex64),

@@ -23,8 +23,8 @@ tf.config.threading.set_inter_op_parallelism_threads(1)
 import spark_hvd.tensorflow as hvd  # noqa: E402
 from _wutil import Checks, make_input, ref_adasum, scatter_counts, scatter_slice  # noqa: E402
 
-DTYPES = [tf.uint8, tf.int8, tf.int16, tf.int32, tf.int64, tf.float16, tf.bfloat16, tf.float32,
-          tf.float64, tf.bool]
+DTYPES = [tf.uint8, tf.int8, tf.uint16, tf.int16, tf.int32, tf.int64, tf.float16, tf.bfloat16,
+          tf.float32, tf.float64, tf.bool]
 FLOATS = [tf.float16, tf.bfloat16, tf.float32, tf.float64]
 SHAPES = [(17,), (5, 7), (3, 4, 5)]
 OPS = {"Sum": hvd.Sum, "Average": hvd.Average, "Min": hvd.Min, "Max": hvd.Max,
@@ -433,23 +433,30 @@ class Suite:
 
 
 def errors(c, n, rank, outsider):
-    """Mistakes raise a clear error on every rank, in both modes, and the job goes on."""
+    """Mistakes raise a clear error on every rank, in both modes, and the job goes on. Horovod's
+    classes: ranks that disagree raise FailedPreconditionError (InvalidArgumentError from a
+    graph without the op library, whose tf.numpy_function nodes cannot raise it), arguments
+    refused on one rank InvalidArgumentError."""
+    native = os.environ.get("SPARK_HVD_TF_OPS", "1") != "0"
     for mode in MODES:
         lab = f"errors/{mode}"
-        e = c.raises(f"{lab}/shape", tf.errors.InvalidArgumentError, call, mode,
+        mismatch = (tf.errors.FailedPreconditionError if mode == "eager" or native
+                    else tf.errors.InvalidArgumentError)
+        e = c.raises(f"{lab}/shape", mismatch, call, mode,
                      lambda x: hvd.allreduce(x), tf.ones([rank + 1]), match="ismatch")
         if mode == "eager":
             c.check(isinstance(e, ValueError) and isinstance(e, RuntimeError) and
-                    isinstance(e, hvd.CollectiveError), f"{lab}: {type(e).__mro__}")
-        c.raises(f"{lab}/dtype", tf.errors.InvalidArgumentError, call, mode,
+                    isinstance(e, hvd.CollectiveError) and
+                    isinstance(e, tf.errors.InvalidArgumentError), f"{lab}: {type(e).__mro__}")
+        c.raises(f"{lab}/dtype", mismatch, call, mode,
                  lambda x: hvd.allreduce(x), tf.ones([3], tf.float32 if rank else tf.float64),
                  match="ismatch")
-        c.raises(f"{lab}/op", tf.errors.InvalidArgumentError, call, mode,
+        c.raises(f"{lab}/op", mismatch, call, mode,
                  lambda x: hvd.allreduce(x, op=hvd.Sum if rank else hvd.Max), tf.ones([3]),
                  match="ismatch")
-        c.raises(f"{lab}/allgather", tf.errors.InvalidArgumentError, call, mode,
+        c.raises(f"{lab}/allgather", mismatch, call, mode,
                  lambda x: hvd.allgather(x), tf.ones([2, rank + 1]), match="ismatch")
-        c.raises(f"{lab}/broadcast_root", tf.errors.InvalidArgumentError, call, mode,
+        c.raises(f"{lab}/broadcast_root", mismatch, call, mode,
                  lambda x: hvd.broadcast(x, rank), tf.ones([2]), match="root")
         c.raises(f"{lab}/alltoall_splits", tf.errors.InvalidArgumentError, call, mode,
                  lambda x: hvd.alltoall(x, [1] * n), tf.ones([n + 1]), match="split")
@@ -486,6 +493,39 @@ def errors(c, n, rank, outsider):
     c.run("errors/barrier", hvd.barrier)
 
 
+def session_out_of_order(c, n, rank):
+    """A tf.compat.v1 graph of independent collectives that each rank's executor starts in
+    another order (built in reverse on odd ranks, one inter-op thread) completes: a node that
+    blocked its thread until the other ranks arrived would wait for an op the other rank cannot
+    start (Horovod's test_horovod_allreduce_cpu_fused and grouped IndexedSlices tests hung so).
+    Also a broadcast's gradient in such a graph: the other ranks' zeros still take part in the
+    root's allreduce (Horovod's test_horovod_broadcast_grad_cpu hung)."""
+    count = 6
+    with tf.Graph().as_default():
+        order = range(count) if rank % 2 == 0 else reversed(range(count))
+        outs = {}
+        for i in order:
+            x = tf.fill([5], float(i + rank))
+            outs[i] = (hvd.allreduce(x, op=hvd.Sum, name=f"v1.ar.{i}"),
+                       hvd.allgather(x, name=f"v1.ag.{i}"),
+                       hvd.broadcast(x, i % n, name=f"v1.bc.{i}"))
+        x = tf.fill([3], float(rank))
+        grad = tf.gradients(hvd.broadcast(x, n - 1, name="v1.grad"), x, tf.ones([3]))[0]
+        config = tf.compat.v1.ConfigProto(inter_op_parallelism_threads=1)
+        with tf.compat.v1.Session(config=config) as session:
+            got = session.run([outs[i] for i in range(count)])
+            got_grad = session.run(grad)
+    for i, (reduced, gathered, broadcast) in enumerate(got):
+        c.check(np.array_equal(reduced, np.full([5], n * i + n * (n - 1) / 2)),
+                f"session_out_of_order allreduce {i}: {reduced}")
+        c.check(np.array_equal(gathered, np.repeat(np.arange(n) + float(i), 5)),
+                f"session_out_of_order allgather {i}: {gathered}")
+        c.check(np.array_equal(broadcast, np.full([5], float(i + i % n))),
+                f"session_out_of_order broadcast {i}: {broadcast}")
+    want_grad = np.full([3], float(rank == n - 1))
+    c.check(np.array_equal(got_grad, want_grad), f"broadcast gradient {got_grad} vs {want_grad}")
+
+
 def main():
     n_env = int(os.environ["SPARK_HVD_SIZE"])
     sets = [hvd.ProcessSet(list(range(1, n_env)))]
@@ -505,6 +545,8 @@ def main():
             for part in (s.graph_op, s.allreduce, s.grouped_allreduce, s.allgather, s.broadcast,
                          s.alltoall, s.reducescatter, s.gradients, s.buffers):
                 c.run(f"{s.label}/{part.__name__}", part)
+    if os.environ.get("SPARK_HVD_TF_OPS", "1") != "0":  # the kernel of the op library
+        c.run("session_out_of_order", session_out_of_order, c, n, rank)
     errors(c, n, rank, sets[0] if rank == 0 else None)
     hvd.shutdown()
     c.finish(size=n)
