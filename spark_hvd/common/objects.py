@@ -17,7 +17,7 @@ def _broadcast_bytes(array, root_rank, name, set_id):
     h = _ops.enqueue_one(OP_BROADCAST, name, UINT8 if array.dtype == np.uint8 else INT64,
                          array.shape, array.ctypes.data, out.ctypes.data, root_rank=root_rank,
                          process_set=set_id)
-    _ops.wait(h)
+    _ops.wait(h, keepalive=(array, out))
     return out
 
 
@@ -25,7 +25,7 @@ def _allgather_array(array, name, set_id):
     code = UINT8 if array.dtype == np.uint8 else INT64
     h = _ops.enqueue_one(OP_ALLGATHER, name, code, array.shape, array.ctypes.data, None,
                          process_set=set_id)
-    data, shape, _ = _ops.wait_output(h)
+    data, shape, _ = _ops.wait_output(h, keepalive=array)
     return np.frombuffer(data, dtype=array.dtype).reshape(shape)
 
 
