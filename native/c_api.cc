@@ -10,6 +10,7 @@
 #include <string_view>
 
 #include "algorithms/shared_arenas.h"
+#include "common/logging.h"
 #include "engine/engine.h"
 #include "include/spark_hvd.h"
 
@@ -269,7 +270,7 @@ int32_t shvd_init(const shvd_init_options* o) {
     if (o->timeline_path && *o->timeline_path && o->rank == 0) {
       std::string err;
       if (!eng->timeline().start(o->timeline_path, o->timeline_mark_cycles != 0, &err))
-        std::fprintf(stderr, "spark_hvd WARNING: %s\n", err.c_str());
+        log_message(LogLevel::kWarning, "%s", err.c_str());
     }
     std::lock_guard<std::mutex> lock(g_mu);
     g_engine = eng;

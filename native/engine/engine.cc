@@ -10,8 +10,8 @@
 #include <algorithm>
 #include <exception>
 #include <cstring>
-#include <iostream>
 
+#include "../common/logging.h"
 #include "../include/spark_hvd.h"
 
 namespace shvd {
@@ -360,7 +360,7 @@ void Engine::run_coordinator(bool burst_over) {
   }
   const auto now = Clock::now();
   std::string stall = coordinator_->inspect_stalls(now, [](const std::string& msg) {
-    std::cerr << "spark_hvd WARNING: " << msg << std::endl;
+    log_message(LogLevel::kWarning, "%s", msg.c_str());
   });
   if (!stall.empty()) throw PeerLostError(stall);
 
