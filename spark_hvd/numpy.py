@@ -186,7 +186,7 @@ def broadcast_(array, root_rank, name=None, process_set=global_process_set):
 def alltoall_async(array, splits=None, name=None, process_set=global_process_set):
     """Starts an alltoall; the handle's result is ``(received array, received splits)``."""
     array = _contiguous(array)
-    splits = () if splits is None else tuple(np.asarray(splits, dtype=np.int64).reshape(-1).tolist())
+    splits = () if splits is None else _ops.check_splits(np.asarray(splits).reshape(-1).tolist())
     ps = process_set_id(process_set)
     h = _ops.enqueue_one(OP_ALLTOALL, _ops.auto_name("alltoall", name, ps), _dtype_code(array),
                          array.shape, _ptr(array), None, process_set=ps, splits=splits)

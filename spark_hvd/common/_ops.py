@@ -4,6 +4,7 @@ only convert their tensors to (pointer, dtype code, shape) and back."""
 
 import ctypes
 import itertools
+import numbers
 import struct
 import warnings
 from collections import defaultdict
@@ -55,6 +56,17 @@ def resolve_scatter_op(op, average=None, default=Average):
         raise CollectiveError(f"reducescatter supports op=Average and op=Sum only, not "
                               f"op={_REDUCE_OP_NAMES[op]}")
     return op
+
+
+def check_splits(splits):
+    """Alltoall ``splits`` (any sequence of integers) as a tuple of ints. Other values are a
+    ``ValueError`` (Horovod wants an int32 tensor), never silently truncated."""
+    values = tuple(splits)
+    bad = [v for v in values if isinstance(v, bool) or not isinstance(v, numbers.Integral)]
+    if bad:
+        raise ValueError(f"alltoall splits must be integers, got {bad[0]!r} "
+                         f"({type(bad[0]).__name__}); pass an int32 tensor or a list of ints")
+    return tuple(int(v) for v in values)
 
 
 # One Struct per (name length, group length, shape+splits length): a record is then a single

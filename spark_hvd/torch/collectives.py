@@ -430,7 +430,7 @@ def _splits_tuple(splits):
         return ()
     if isinstance(splits, torch.Tensor):
         splits = splits.detach().cpu().reshape(-1).tolist()
-    return tuple(int(s) for s in splits)
+    return _ops.check_splits(splits)
 
 
 def alltoall_async(tensor, splits=None, name=None, process_set=global_process_set):

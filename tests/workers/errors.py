@@ -141,6 +141,8 @@ def main():
 
     c.raises("alltoall splits sum", ValueError, hvd.alltoall, np.ones((4, 2), np.float32),
              splits=[1] * size, name="bad_splits", match=["bad_splits", "splits sum to"])
+    c.raises("alltoall float splits", ValueError, hvd.alltoall, np.ones((size, 2), np.float32),
+             splits=[1.0] * size, name="float_splits", match=["must be integers"])
     c.raises("alltoall splits count", ValueError, hvd.alltoall, np.ones((4, 2), np.float32),
              splits=[4] + [0] * size, name="bad_nsplits", match=["bad_nsplits", "splits"])
     c.raises("alltoall negative split", ValueError, hvd.alltoall, np.ones((1,), np.float32),

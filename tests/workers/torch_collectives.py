@@ -615,6 +615,9 @@ def errors(c, n, rank, only_me_set):
              name="e.a2a", match="splits")
     c.raises("alltoall splits count", ValueError, hvd.alltoall, torch.ones(n + 1),
              splits=[1] * (n + 1), name="e.a2a2", match="splits")
+    # Float splits are refused, not truncated (Horovod: an int32 tensor).
+    c.raises("alltoall float splits", ValueError, hvd.alltoall, torch.ones(n),
+             torch.ones(n, dtype=torch.float32), name="e.a2a3", match="must be integers")
     c.raises("alltoall uneven", ValueError, hvd.alltoall, torch.ones(n + 1), name="e.a2a3",
              match="divisible")
     c.raises("reducescatter op", ValueError, hvd.reducescatter, torch.ones(4), op=hvd.Max,
