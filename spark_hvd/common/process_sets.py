@@ -134,7 +134,7 @@ def _negotiate(op, ranks=(), set_id=0):
     name = f"__process_set__.{next(_dynamic_counter)}"
     handle = _ops.enqueue_one(op, name, 0, (), None, None, splits=tuple(ranks),
                               root_rank=set_id)
-    return _ops.wait_ints(handle)[0]
+    return _ops.wait_ints(handle, keepalive=None)[0]  # no buffers: a signal interrupts at once
 
 
 def add_process_set(process_set):
