@@ -161,6 +161,18 @@ void Coordinator::add_request(int rank, const Request& r) {
   p.by_rank[rank] = r;
   p.present[rank] = true;
   p.count++;
+  // Only allreduce goes on while ranks have joined (Horovod's rule). Any other op fails as it
+  // arrives, on the rank that sent it: waiting for the others to send it too could wait
+  // forever, since ranks that skipped it while others joined number their unnamed ops apart.
+  if (!joined_.empty() && r.op != OpType::kAllreduce && p.refused.empty() && !p.ready) {
+    p.refused = std::string(op_type_name(r.op)) + " of tensor '" + r.name +
+                "' is not supported while ranks " +
+                ranks_str(std::vector<int>(joined_.begin(), joined_.end())) +
+                " have joined; only allreduce continues after join()";
+    p.ready = true;
+    ready_.push_back(r.name);
+    return;
+  }
   mark_ready_if_complete(r.name, p);
 }
 
@@ -213,6 +225,7 @@ Response Coordinator::build_response(const std::string& name, Pending& p) {
     resp.error = what;
     return resp;
   };
+  if (!p.refused.empty()) return fail(p.refused);
   const auto tensor = [&name] { return "tensor '" + name + "'"; };  // for error messages
   auto by = [&](auto field) {
     return [&, field](int r) { return field(p.by_rank[r]); };

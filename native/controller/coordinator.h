@@ -50,6 +50,7 @@ class Coordinator {
     Clock::time_point first_seen;
     Clock::time_point last_warned;
     bool ready = false;
+    std::string refused;  // non-empty: fails at once with this message (see add_request)
   };
 
   void add_request(int rank, const Request& r);
