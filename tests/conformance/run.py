@@ -47,6 +47,7 @@ _FIRST_EXIT = re.compile(r"rank (\d+)(?: on \S+)? (?:was killed by signal (\d+) 
 # the time limit (a rank blocked in a wait may not run signal handlers, a watchdog thread does).
 _TERM_SECONDS = 3.0
 _DUMP_BEFORE_LIMIT = 3.0
+_STALL_SHUTDOWN_FRACTION = 0.4  # of the per-test limit: the stall inspector's shutdown time
 
 
 @dataclass
@@ -216,6 +217,13 @@ def run_test(test_id: str, np_: int, timeout: float, launcher: list[str], parall
             open(out / "launcher.log", "wb") as log:
         env = job_env(parallel, utils, tmp)
         env["CONFORMANCE_DUMP_STACKS_AFTER"] = str(max(1.0, timeout - _DUMP_BEFORE_LIMIT))
+        # A rank whose assertion failed goes on to the test's tearDown (barrier, shutdown)
+        # while the others wait in the test's next collective: the stall inspector ends that
+        # with an error on every rank (Horovod's HOROVOD_STALL_SHUTDOWN_TIME_SECONDS), well
+        # within the limit, so the test fails instead of hanging. Off by default, as in Horovod.
+        stall = max(5.0, timeout * _STALL_SHUTDOWN_FRACTION)
+        env.setdefault("SPARK_HVD_STALL_CHECK_TIME_SECONDS", str(int(stall // 2)))
+        env.setdefault("SPARK_HVD_STALL_SHUTDOWN_TIME_SECONDS", str(int(stall)))
         proc = subprocess.Popen(cmd, cwd=parallel, env=env,
                                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 start_new_session=True)
