@@ -130,6 +130,12 @@ void Coordinator::add_request(int rank, const Request& r) {
     joined_.insert(rank);
     last_joined_ = rank;
     recheck_all();
+    // Ops other than allreduce that are still waiting (cached ones were just moved to pending_)
+    // fail now, as later ones will when they arrive (below).
+    for (auto& kv : pending_) {
+      const Request* first = first_request(kv.second);
+      if (first && first->op != OpType::kAllreduce) refuse_while_joined(kv.first, kv.second, *first);
+    }
     if (int(joined_.size()) == world_size_) {
       Pending& p = pending_["__join__"];
       // Sized like every other entry: loops over pending_ index present[] by rank.
@@ -164,16 +170,21 @@ void Coordinator::add_request(int rank, const Request& r) {
   // Only allreduce goes on while ranks have joined (Horovod's rule). Any other op fails as it
   // arrives, on the rank that sent it: waiting for the others to send it too could wait
   // forever, since ranks that skipped it while others joined number their unnamed ops apart.
-  if (!joined_.empty() && r.op != OpType::kAllreduce && p.refused.empty() && !p.ready) {
-    p.refused = std::string(op_type_name(r.op)) + " of tensor '" + r.name +
-                "' is not supported while ranks " +
-                ranks_str(std::vector<int>(joined_.begin(), joined_.end())) +
-                " have joined; only allreduce continues after join()";
-    p.ready = true;
-    ready_.push_back(r.name);
+  if (!joined_.empty() && r.op != OpType::kAllreduce) {
+    refuse_while_joined(r.name, p, r);
     return;
   }
   mark_ready_if_complete(r.name, p);
+}
+
+void Coordinator::refuse_while_joined(const std::string& name, Pending& p, const Request& r) {
+  if (p.ready || !p.refused.empty()) return;
+  p.refused = std::string(op_type_name(r.op)) + " of tensor '" + name +
+              "' is not supported while ranks " +
+              ranks_str(std::vector<int>(joined_.begin(), joined_.end())) +
+              " have joined; only allreduce continues after join()";
+  p.ready = true;
+  ready_.push_back(name);
 }
 
 void Coordinator::mark_ready_if_complete(const std::string& name, Pending& p) {

@@ -55,6 +55,8 @@ class Coordinator {
 
   void add_request(int rank, const Request& r);
   void mark_ready_if_complete(const std::string& name, Pending& p);
+  // Fails `name` at once: an op other than allreduce while ranks have joined (Horovod's rule).
+  void refuse_while_joined(const std::string& name, Pending& p, const Request& r);
   void recheck_all();
   Response build_response(const std::string& name, Pending& p);
   Response build_join_response();
