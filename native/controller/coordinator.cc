@@ -179,12 +179,16 @@ void Coordinator::add_request(int rank, const Request& r) {
 
 void Coordinator::refuse_while_joined(const std::string& name, Pending& p, const Request& r) {
   if (p.ready || !p.refused.empty()) return;
-  p.refused = std::string(op_type_name(r.op)) + " of tensor '" + name +
-              "' is not supported while ranks " +
-              ranks_str(std::vector<int>(joined_.begin(), joined_.end())) +
-              " have joined; only allreduce continues after join()";
+  p.refused = joined_refusal(r.op, name);
   p.ready = true;
   ready_.push_back(name);
+}
+
+std::string Coordinator::joined_refusal(OpType op, const std::string& name) const {
+  return std::string(op_type_name(op)) + " of tensor '" + name +
+         "' is not supported while ranks " +
+         ranks_str(std::vector<int>(joined_.begin(), joined_.end())) +
+         " have joined; only allreduce continues after join()";
 }
 
 void Coordinator::mark_ready_if_complete(const std::string& name, Pending& p) {
@@ -280,10 +284,7 @@ Response Coordinator::build_response(const std::string& name, Pending& p) {
   if (!uniform) d = disagreement(submitted, by([](const Request& q) { return std::to_string(q.group_size) + " tensors in group '" + q.group + "'"; }));
   if (!d.empty()) return fail("Mismatched grouped operation for " + tensor() + ": " + d);
   if (!joined_.empty() && first.op != OpType::kAllreduce) {
-    return fail(std::string(op_type_name(first.op)) + " of " + tensor() +
-                " is not supported while ranks " +
-                ranks_str(std::vector<int>(joined_.begin(), joined_.end())) +
-                " have joined; only allreduce continues after join()");
+    return fail(joined_refusal(first.op, name));
   }
   switch (first.op) {
     case OpType::kAllreduce:

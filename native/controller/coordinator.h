@@ -57,6 +57,7 @@ class Coordinator {
   void mark_ready_if_complete(const std::string& name, Pending& p);
   // Fails `name` at once: an op other than allreduce while ranks have joined (Horovod's rule).
   void refuse_while_joined(const std::string& name, Pending& p, const Request& r);
+  std::string joined_refusal(OpType op, const std::string& name) const;  // the error's text
   void recheck_all();
   Response build_response(const std::string& name, Pending& p);
   Response build_join_response();
