@@ -10,7 +10,7 @@ import secrets
 
 from pyspark.ml import Estimator, Model
 
-from . import _params
+from . import _params, _tracking
 from ._persistence import Persistable
 from ._progress import ProgressSink
 
@@ -121,12 +121,15 @@ class DistributedEstimator(Estimator, Persistable):
             print(f"spark_hvd: resuming run {run_id} from {resume}", flush=True)
         sink = ProgressSink(getattr(backend, "stdout", None), verbose)
         env = dict(self.getEnv() or {})
-        try:
-            results = run_on(backend, self._remote_trainer(), (config, resume), env, spark,
-                             sink)
-        finally:
-            sink.close()
-        return self._create_model(results[0], metadata, run_id)
+        with _tracking.track_fit(self, run_id, sink) as tracking:
+            try:
+                results = run_on(backend, self._remote_trainer(), (config, resume), env, spark,
+                                 sink)
+            finally:
+                sink.close()
+            model = self._create_model(results[0], metadata, run_id)
+            tracking.log_model(model)
+        return model
 
     def _check_params(self, df) -> None:
         name = type(self).__name__

@@ -88,6 +88,12 @@ COMMON_ESTIMATOR_PARAMS = {
                             "(Horovod's recipe; off unless asked)", TypeConverters.toBoolean,
                             False),
     "env": ("extra environment variables for the training ranks", None, None),
+    "mlflow_tracking": ("log Params, per-epoch metrics and the trained model to MLflow: None "
+                        "(default) when MLflow is installed and a run is active or a tracking "
+                        "URI is set, True always (MLflow must be installed), False never",
+                        None, None),
+    "mlflow_tracking_uri": ("MLflow tracking URI to log to (default: MLflow's own, from "
+                            "MLFLOW_TRACKING_URI); setting it turns tracking on", None, None),
 }
 
 COMMON_MODEL_PARAMS = {
