@@ -285,12 +285,16 @@ class _BatchStream:
                 yield batch
         return resume()
 
-    def dataset(self, sample):
-        """A ``tf.data.Dataset`` over this stream, typed like ``sample``."""
+    def dataset(self, sample, prefetch=None):
+        """A ``tf.data.Dataset`` over this stream, typed like ``sample``, prefetching
+        ``prefetch`` batches (None: 2; 0: none, Horovod's
+        ``tensorflow_dataset_prefetch_buffer_size``)."""
         import tensorflow as tf
         signature = tf.nest.map_structure(
             lambda a: tf.TensorSpec((None, *a.shape[1:]), tf.as_dtype(a.dtype)), sample)
-        return tf.data.Dataset.from_generator(self, output_signature=signature).prefetch(2)
+        dataset = tf.data.Dataset.from_generator(self, output_signature=signature)
+        prefetch = 2 if prefetch is None else int(prefetch)
+        return dataset.prefetch(prefetch) if prefetch > 0 else dataset
 
 
 def _select_devices(tf, use_gpu: bool, local_rank: int) -> None:
@@ -400,9 +404,11 @@ def train_on_rank(config, resume):
         convert = _batch_converter(config)
         train = _BatchStream(train_reader, convert, start_epoch, repeat=True)
         sample = train.peek()
+        prefetch = config.get("tensorflow_dataset_prefetch_buffer_size")
         validation = None
         if val_reader is not None:
-            validation = _BatchStream(val_reader, convert, 0, repeat=False).dataset(sample)
+            validation = _BatchStream(val_reader, convert, 0, repeat=False).dataset(
+                sample, prefetch)
         epochs, steps = config["epochs"], train_reader.steps_per_epoch
         reporter = _training.EpochReporter(rank, epochs, config["verbose"], history)
         fit_callbacks = [hvd.callbacks.BroadcastGlobalVariablesCallback(0),
@@ -411,7 +417,7 @@ def train_on_rank(config, resume):
                                          steps * config["batch_size"] * size, rank)]
         if checkpoint_callback is not None and rank == 0:
             fit_callbacks.append(_prepare_checkpoint_callback(checkpoint_callback, scratch))
-        model.fit(train.dataset(sample), steps_per_epoch=steps, epochs=epochs,
+        model.fit(train.dataset(sample, prefetch), steps_per_epoch=steps, epochs=epochs,
                   initial_epoch=start_epoch, validation_data=validation,
                   validation_steps=val_reader.steps_per_epoch if val_reader else None,
                   callbacks=fit_callbacks, shuffle=False, verbose=0)

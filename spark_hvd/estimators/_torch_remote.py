@@ -263,7 +263,11 @@ def train_on_rank(config, resume):
         return None
     buffer = bytes_io(b"")
     torch.save({k: v.detach().cpu() for k, v in model.state_dict().items()}, buffer)
-    return {"model_state": buffer.getvalue(), "history": reporter.history}
+    # The trained optimizer state too: TorchModel.getOptimizer() returns it (Horovod's API).
+    optimizer_buffer = bytes_io(b"")
+    torch.save(optimizer.state_dict(), optimizer_buffer)
+    return {"model_state": buffer.getvalue(), "optimizer_state": optimizer_buffer.getvalue(),
+            "history": reporter.history}
 
 
 def _average_epoch(hvd, sums, train_steps, val_steps):

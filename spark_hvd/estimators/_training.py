@@ -104,7 +104,10 @@ class EpochReporter:
 
 def save_checkpoint(store, run_id: str, epoch: int, data: bytes, extension: str) -> str:
     """Writes the checkpoint of ``epoch`` atomically, then drops all but the newest
-    ``KEEP_CHECKPOINTS``. Returns its path."""
+    ``KEEP_CHECKPOINTS``. Returns its path (None, writing nothing, for a Store made with
+    Horovod's ``save_runs=False``)."""
+    if not store.saving_runs():
+        return None
     path = store.get_checkpoint_file(run_id, epoch, extension)
     with store.atomic_writer(path) as f:
         f.write(data)
@@ -114,7 +117,9 @@ def save_checkpoint(store, run_id: str, epoch: int, data: bytes, extension: str)
 
 
 def write_log(store, run_id: str, name: str, text: str) -> None:
-    """A small text file under ``runs/<run_id>/logs/``."""
+    """A small text file under ``runs/<run_id>/logs/`` (nothing with ``save_runs=False``)."""
+    if not store.saving_runs():
+        return
     store.write_text(store.join(store.get_logs_path(run_id), name), text)
 
 

@@ -72,6 +72,7 @@ class Store:
     def __init__(self, prefix_path: str):
         self._prefix = prefix_path.rstrip("/") or "/"
         self._fs = None
+        self._save_runs = True
 
     @staticmethod
     def create(prefix_path: str, **kwargs) -> "Store":
@@ -127,6 +128,10 @@ class Store:
     def get_data_path(self, data_key: str) -> str:
         """Directory of the prepared data set ``data_key`` (``intermediate/<data_key>``)."""
         return self.join(self._prefix, DATA_DIR, data_key)
+
+    def saving_runs(self) -> bool:
+        """Whether fits write checkpoints and logs under ``runs/`` (Horovod's ``save_runs``)."""
+        return self._save_runs
 
     def get_runs_path(self) -> str:
         """Directory holding every training run (``runs``)."""
