@@ -218,6 +218,13 @@ class DistributedModel(Model, Persistable):
         from ._transform import add_predictions
         return add_predictions(df, self)
 
+    def plot_history(self, path, metrics=None, title=None):
+        """Draws ``getHistory()`` (loss and metrics per epoch, train and validation) into the
+        image file ``path`` (.png, .svg, .pdf, ...); returns ``path``. Needs matplotlib."""
+        from ._history import plot_history
+        return plot_history(self.getHistory() or {}, path, metrics=metrics,
+                            title=title or self.getRunId())
+
     # -- framework hooks -----------------------------------------------------------------------
 
     def _predictor_factory(self):

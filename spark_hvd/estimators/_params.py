@@ -107,6 +107,8 @@ COMMON_MODEL_PARAMS = {
     "batch_size": ("rows per prediction batch in transform", TypeConverters.toInt, 1024),
     "run_id": ("the id of the run that trained the model", None, None),
     "history": ("per-epoch metrics of the training run", None, None),
+    "mlflow_run_id": ("the MLflow run the fit logged its Params, metrics and this model to "
+                      "(None when the fit was not tracked)", None, None),
     "training_metadata": ("column types and shapes of the training data (the prepared "
                           "data's metadata)", None, None),
 }
