@@ -226,3 +226,23 @@ def test_allgather_timeout_names_missing_ranks(server):
 def test_rendezvous_from_env_requires_launcher_env():
     with pytest.raises(RuntimeError, match="start this process with spark-hvd-run"):
         rdv.rendezvous_from_env({})
+
+
+@pytest.mark.timeout(30)
+def test_rendezvous_from_env_is_the_one_init_uses(server):
+    """Same keys and timeout as init()'s own rendezvous (the bootstrap builds it through this
+    function): the scope of the job's init number ``generation``, whose first round a Spark task
+    relays, and the start timeout under Horovod's name too. It once used the bare job id as
+    its scope and SPARK_HVD_START_TIMEOUT only."""
+    env = {"SPARK_HVD_RENDEZVOUS_ADDR": server.addr,
+           "SPARK_HVD_SECRET": secret_to_env(server.secret), "SPARK_HVD_RANK": "0",
+           "SPARK_HVD_SIZE": "2", "SPARK_HVD_JOB_ID": "j7", "HOROVOD_START_TIMEOUT": "1"}
+    r = rdv.rendezvous_from_env(env, generation=3)
+    started = time.monotonic()
+    with pytest.raises(rdv.RendezvousTimeoutError,
+                       match=r"timed out after 1 s: ranks \[1\] never arrived"):
+        r.allgather(b"line of rank 0")
+    assert time.monotonic() - started < 10
+    r.client.close()
+    with client(server) as c:
+        assert c.get("j7/init.3", "allgather.0/0", timeout=0) == b"line of rank 0"

@@ -72,6 +72,13 @@ def test_driver_tuning_variables_reach_the_ranks(spark, monkeypatch):
                        {"SPARK_HVD_CYCLE_TIME": "3", "SPARK_HVD_RANK": "1"}]
 
 
+def test_the_task_relays_the_rendezvous_init_uses(spark):
+    # A rank gathering through rendezvous_from_env() meets the others through the task's relay
+    # of init()'s rendezvous keys; with keys of its own it would wait out start_timeout.
+    assert spark_hvd.spark.run(fns.gather_through_init_rendezvous, num_proc=2, spark=spark,
+                               start_timeout=30) == [["rank0", "rank1"]] * 2
+
+
 def test_default_num_proc_and_timestamps(spark):
     out = io.StringIO()
     assert spark_hvd.spark.run(fns.chatty, args=(1,), spark=spark, stdout=out,

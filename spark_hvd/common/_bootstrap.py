@@ -1,8 +1,9 @@
 """One bootstrap for every way a job starts (launcher, mpirun, Spark tasks, estimators).
 
-Steps: learn rank and size (``SPARK_HVD_*`` from our launcher or Spark, ``OMPI_COMM_WORLD_*``
-under mpirun, an mpi4py communicator, or another launcher's variables: torchrun, MPICH's
-mpiexec, horovodrun, Slurm; see ``_launchers``), bind the native core's listener, exchange
+Steps: learn rank and size (``SPARK_HVD_*`` from our launcher or Spark, as
+``_bootstrap_contract`` lays down; ``OMPI_COMM_WORLD_*`` under mpirun, an mpi4py communicator,
+or another launcher's variables: torchrun, MPICH's mpiexec, horovodrun, Slurm; see
+``_launchers``), bind the native core's listener, exchange
 "host port host_id" with every rank through a :class:`Rendezvous`, then let the core connect its
 authenticated mesh. With none of those present the process is a job of size 1.
 """
@@ -12,10 +13,11 @@ import os
 import secrets
 import socket
 
-from . import _config, _launchers
+from . import _bootstrap_contract as contract
+from . import _launchers
 from ._native import InitOptions, check, lib
 from ._network import route_address
-from ._secret import SECRET_ENV, secret_from_env
+from ._secret import secret_from_env
 
 
 class Placement:
@@ -88,26 +90,20 @@ def _mpi_discover(comm):
 
 
 def _spark_hvd_discover(generation):
-    rank = _env_int("SPARK_HVD_RANK")
-    size = _env_int("SPARK_HVD_SIZE")
+    rank = _env_int(contract.RANK)
+    size = _env_int(contract.SIZE)
     if size is None:
-        raise RuntimeError("SPARK_HVD_RANK is set but SPARK_HVD_SIZE is not: the launcher's "
+        raise RuntimeError(f"{contract.RANK} is set but {contract.SIZE} is not: the launcher's "
                            "environment is incomplete")
-    placement = Placement(rank, size, _env_int("SPARK_HVD_LOCAL_RANK"),
-                          _env_int("SPARK_HVD_LOCAL_SIZE"), _env_int("SPARK_HVD_CROSS_RANK"),
-                          _env_int("SPARK_HVD_CROSS_SIZE"))
-    secret = secret_from_env(os.environ.get(SECRET_ENV, ""))
-    job_id = os.environ.get("SPARK_HVD_JOB_ID", "job")
+    placement = Placement(rank, size, _env_int(contract.LOCAL_RANK),
+                          _env_int(contract.LOCAL_SIZE), _env_int(contract.CROSS_RANK),
+                          _env_int(contract.CROSS_SIZE))
+    secret = secret_from_env(os.environ.get(contract.SECRET, ""))
+    job_id = os.environ.get(contract.JOB_ID) or contract.DEFAULT_JOB_ID
     rendezvous = None
     if size > 1:
-        addr = os.environ.get("SPARK_HVD_RENDEZVOUS_ADDR")
-        if not addr:
-            raise RuntimeError("SPARK_HVD_RENDEZVOUS_ADDR is not set: start the job with "
-                               "spark-hvd-run or spark_hvd.spark.run")
-        from ._rendezvous import KVClient, KVRendezvous
-        timeout = _config.env_float("START_TIMEOUT", 30.0)
-        client = KVClient(addr, secret, timeout=timeout)
-        rendezvous = KVRendezvous(client, rank, size, scope=f"{job_id}/init.{generation}", timeout=timeout)
+        from ._rendezvous import rendezvous_from_env
+        rendezvous = rendezvous_from_env(generation=generation)
     return placement, rendezvous, secret, job_id
 
 
@@ -122,7 +118,7 @@ def _other_launcher_discover(launch, generation):
         return _single()
     from ._launcher_channels import agree_on_job
     try:
-        rendezvous = launch.connect(generation, _config.env_float("START_TIMEOUT", 30.0))
+        rendezvous = launch.connect(generation, contract.start_timeout())
         if rendezvous.size == 1:  # PMI over PMI_PORT learns the size only now
             return _single()
         secret, job_id = agree_on_job(rendezvous, rendezvous.rank)
@@ -163,15 +159,15 @@ def start(config, comm=None, process_sets=(), rendezvous=None, placement=None, s
     """
     if placement is None:
         placement, rendezvous, secret, job_id = discover(comm, generation)
-    host_id = os.environ.get("SPARK_HVD_HOSTNAME") or socket.gethostname()
-    bind_addr = os.environ.get("SPARK_HVD_BIND_ADDR", "")
+    host_id = os.environ.get(contract.HOSTNAME) or socket.gethostname()
+    bind_addr = os.environ.get(contract.BIND_ADDR, "")
     peers = ""
     if placement.size > 1:
         port = check(lib.shvd_listen(bind_addr.encode() or b"0.0.0.0"))
         # The host the other ranks' launcher channel lives on: our rendezvous, or the store /
         # server of another launcher (torchrun, horovodrun, PMI_PORT).
         rendezvous_host = (getattr(rendezvous, "route_host", None)
-                           or os.environ.get("SPARK_HVD_RENDEZVOUS_ADDR", "").rpartition(":")[0])
+                           or os.environ.get(contract.RENDEZVOUS_ADDR, "").rpartition(":")[0])
         mine = f"{_advertised_host(bind_addr, rendezvous_host.strip('[]'))} {port} {host_id}"
         mine = mine.encode()
         lines = [v.decode() for v in rendezvous.allgather(mine)]

@@ -30,6 +30,7 @@ import socket
 import threading
 import time
 
+from ._bootstrap_contract import START_TIMEOUT
 from ._rendezvous import Rendezvous, RendezvousTimeoutError
 
 _JOB_SECRET_BYTES = 32
@@ -79,8 +80,8 @@ class _BlockingKVRendezvous(Rendezvous):
                            if self._get(f"{round_}.{q}", time.monotonic()) is None]
                 raise RendezvousTimeoutError(
                     f"rendezvous through {self.who} timed out after {self.timeout:g} s: ranks "
-                    f"{missing} never arrived (raise SPARK_HVD_START_TIMEOUT if they are just "
-                    f"slow to start)")
+                    f"{missing} never arrived (raise {START_TIMEOUT} if they are just slow to "
+                    "start)")
             values.append(got)
         self._round_done(round_)
         return values
@@ -266,7 +267,7 @@ class _PmiConnection:
             raise RendezvousTimeoutError(
                 f"the process manager ({self.who}) did not answer within {self.timeout:g} s "
                 f"(waiting for cmd={cmd}; in a barrier, some ranks never arrived): raise "
-                "SPARK_HVD_START_TIMEOUT if they are just slow to start") from None
+                f"{START_TIMEOUT} if they are just slow to start") from None
         if not line:
             raise RuntimeError(f"the process manager ({self.who}) closed the PMI connection")
         fields = dict(f.split("=", 1) for f in line.split() if "=" in f)

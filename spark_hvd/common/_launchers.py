@@ -27,10 +27,11 @@ import os
 from dataclasses import dataclass, field
 from typing import Callable
 
+from . import _bootstrap_contract as contract
+
 # -- the variables, by launcher -----------------------------------------------------------------
 
-# spark-hvd-run and spark_hvd.spark (the launcher's side: runner/_env.py).
-SPARK_HVD_RANK, SPARK_HVD_SIZE = "SPARK_HVD_RANK", "SPARK_HVD_SIZE"
+# spark-hvd-run and spark_hvd.spark: contract.RANK and contract.SIZE (_bootstrap_contract).
 
 # Open MPI's mpirun.
 OMPI_RANK, OMPI_SIZE = "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"
@@ -120,10 +121,10 @@ def _port(env, name, who) -> int:
 
 
 def _spark_hvd(env) -> Launch | None:
-    if SPARK_HVD_RANK not in env:
+    if contract.RANK not in env:
         return None
-    return Launch(SPARK_HVD_RUN, _seen(env, (SPARK_HVD_RANK, SPARK_HVD_SIZE)),
-                  _int(env, SPARK_HVD_RANK, SPARK_HVD_RUN), _int(env, SPARK_HVD_SIZE, SPARK_HVD_RUN))
+    return Launch(SPARK_HVD_RUN, _seen(env, (contract.RANK, contract.SIZE)),
+                  _int(env, contract.RANK, SPARK_HVD_RUN), _int(env, contract.SIZE, SPARK_HVD_RUN))
 
 
 def _open_mpi(env) -> Launch | None:

@@ -34,6 +34,9 @@ import struct
 import threading
 import time
 
+from spark_hvd.common import _bootstrap_contract as contract
+from spark_hvd.common._secret import secret_from_env
+
 MAX_FRAME_BYTES = 64 * 1024 * 1024
 # Handshake frames are tiny; an unauthenticated peer gets no more than this, and no more than
 # _HANDSHAKE_TIMEOUT seconds, before it is dropped.
@@ -53,7 +56,7 @@ _TIMED_OUT = b"T"
 _ERROR = b"E"
 
 AUTH_FAILED_MESSAGE = (
-    "rendezvous rejected this process: wrong or missing job secret (SPARK_HVD_SECRET)")
+    f"rendezvous rejected this process: wrong or missing job secret ({contract.SECRET})")
 
 
 class RendezvousTimeoutError(RuntimeError, TimeoutError):
@@ -338,7 +341,7 @@ class KVClient:
         if not hmac.compare_digest(answer, _digest(self._secret, client_nonce, b"server")):
             raise RuntimeError(
                 f"the rendezvous server at {self.addr} failed to prove it knows the job secret "
-                "(SPARK_HVD_SECRET): refusing to talk to it")
+                f"({contract.SECRET}): refusing to talk to it")
 
     def _request(self, fields: list[bytes], reply_timeout: float) -> list[bytes]:
         with self._lock:
@@ -405,7 +408,8 @@ class Rendezvous(abc.ABC):
 
 class KVRendezvous(Rendezvous):
     """:class:`Rendezvous` over a :class:`KVClient`: each rank puts its value under
-    ``scope`` then reads everybody's. Each call uses fresh keys, so it can be called repeatedly.
+    ``scope`` then reads everybody's. Each call is the next round, with fresh keys (see
+    ``_bootstrap_contract``), so it can be called repeatedly.
     """
 
     def __init__(self, client: KVClient, rank: int, size: int, scope: str,
@@ -420,49 +424,52 @@ class KVRendezvous(Rendezvous):
         self._round = 0
 
     def allgather(self, value: bytes) -> list[bytes]:
-        prefix = f"allgather.{self._round}/"
+        round_ = self._round
         self._round += 1
-        self.client.put(self.scope, prefix + str(self.rank), value)
+        self.client.put(self.scope, contract.allgather_key(round_, self.rank), value)
         deadline = time.monotonic() + self.timeout
         values: list[bytes] = []
         for r in range(self.size):
             try:
-                values.append(self.client.get(self.scope, prefix + str(r),
+                values.append(self.client.get(self.scope, contract.allgather_key(round_, r),
                                               timeout=max(0.0, deadline - time.monotonic())))
             except RendezvousTimeoutError:
-                missing = [r] + self._missing(prefix, range(r + 1, self.size))
+                missing = [r] + self._missing(round_, range(r + 1, self.size))
                 raise RendezvousTimeoutError(
                     f"rendezvous timed out after {self.timeout:g} s: ranks {missing} never "
-                    f"arrived (raise --start-timeout / SPARK_HVD_START_TIMEOUT if they are "
+                    f"arrived (raise --start-timeout / {contract.START_TIMEOUT} if they are "
                     f"just slow to start)") from None
         return values
 
-    def _missing(self, prefix: str, ranks) -> list[int]:
+    def _missing(self, round_: int, ranks) -> list[int]:
         missing = []
         for r in ranks:
             try:
-                self.client.get(self.scope, prefix + str(r), timeout=0)
+                self.client.get(self.scope, contract.allgather_key(round_, r), timeout=0)
             except RendezvousTimeoutError:
                 missing.append(r)
         return missing
 
 
-def rendezvous_from_env(env: dict | None = None) -> KVRendezvous:
-    """Build the :class:`KVRendezvous` that ``spark-hvd-run`` set up for this worker.
+def rendezvous_from_env(env=None, generation: int = 0) -> KVRendezvous:
+    """The :class:`KVRendezvous` of the ``generation``-th ``init()`` of a process that
+    ``spark-hvd-run`` or ``spark_hvd.spark.run`` started: the one ``init()`` itself uses.
 
-    Reads SPARK_HVD_RENDEZVOUS_ADDR, SPARK_HVD_SECRET, SPARK_HVD_RANK, SPARK_HVD_SIZE,
-    SPARK_HVD_JOB_ID (the scope) and SPARK_HVD_START_TIMEOUT (default 30 s).
+    Reads the bootstrap variables of ``_bootstrap_contract`` from ``env`` (default
+    ``os.environ``): the store's address, the job secret, rank, size, the job id (the scope's
+    prefix) and the start timeout (its ``HOROVOD_`` and Gloo names too, default 30 s). A
+    process that gathers through it must not also ``init()`` with the same generation: the
+    two would use the same keys.
     """
-    from spark_hvd.common._secret import SECRET_ENV, secret_from_env
-
     env = os.environ if env is None else env
-    missing = [k for k in ("SPARK_HVD_RENDEZVOUS_ADDR", "SPARK_HVD_RANK", "SPARK_HVD_SIZE")
-               if k not in env]
+    missing = [k for k in (contract.RENDEZVOUS_ADDR, contract.RANK, contract.SIZE)
+               if not env.get(k)]
     if missing:
         raise RuntimeError(f"{', '.join(missing)} not set: start this process with spark-hvd-run "
                            "(or spark_hvd.spark.run)")
-    timeout = float(env.get("SPARK_HVD_START_TIMEOUT", "30"))
-    client = KVClient(env["SPARK_HVD_RENDEZVOUS_ADDR"], secret_from_env(env.get(SECRET_ENV, "")),
-                      timeout=timeout)
-    return KVRendezvous(client, int(env["SPARK_HVD_RANK"]), int(env["SPARK_HVD_SIZE"]),
-                        scope=env.get("SPARK_HVD_JOB_ID", "job"), timeout=timeout)
+    timeout = contract.start_timeout(env)
+    client = KVClient(env[contract.RENDEZVOUS_ADDR],
+                      secret_from_env(env.get(contract.SECRET, "")), timeout=timeout)
+    scope = contract.init_scope(env.get(contract.JOB_ID) or contract.DEFAULT_JOB_ID, generation)
+    return KVRendezvous(client, int(env[contract.RANK]), int(env[contract.SIZE]), scope=scope,
+                        timeout=timeout)

@@ -6,7 +6,8 @@ environment as hex; a process that does not know it cannot join the job or injec
 
 import secrets
 
-SECRET_ENV = "SPARK_HVD_SECRET"
+from spark_hvd.common._bootstrap_contract import SECRET
+
 SECRET_BYTES = 32
 
 
@@ -28,8 +29,8 @@ def secret_from_env(value: str) -> bytes:
     """
     value = (value or "").strip()
     if not value:
-        raise ValueError(f"{SECRET_ENV} is empty: the job secret is missing")
+        raise ValueError(f"{SECRET} is empty: the job secret is missing")
     try:
         return bytes.fromhex(value)
     except ValueError:
-        raise ValueError(f"{SECRET_ENV} is not a hex string: the job secret is malformed") from None
+        raise ValueError(f"{SECRET} is not a hex string: the job secret is malformed") from None

@@ -1,23 +1,16 @@
-"""The environment each rank starts with: the bootstrap contract of DESIGN.md.
+"""The environment each rank starts with: the launcher's half of the bootstrap contract.
 
-The core, ``spark_hvd.spark`` and the estimators read the same variables, so this module is the
-launcher's half of that contract and nothing else.
+The variables' names are ``common/_bootstrap_contract``'s; the core, ``spark_hvd.spark`` and
+the estimators read the same ones.
 """
 
 from __future__ import annotations
 
 import argparse
 
-from spark_hvd.common._secret import SECRET_ENV
+from spark_hvd.common import _bootstrap_contract as contract
 from spark_hvd.runner._hosts import SlotInfo
 from spark_hvd.runner._net import is_loopback
-
-# Set for every rank; any value inherited from the launcher's environment is replaced.
-BOOTSTRAP_VARS = (
-    "SPARK_HVD_RANK", "SPARK_HVD_SIZE", "SPARK_HVD_LOCAL_RANK", "SPARK_HVD_LOCAL_SIZE",
-    "SPARK_HVD_CROSS_RANK", "SPARK_HVD_CROSS_SIZE", "SPARK_HVD_RENDEZVOUS_ADDR", SECRET_ENV,
-    "SPARK_HVD_JOB_ID", "SPARK_HVD_HOSTNAME", "SPARK_HVD_BIND_ADDR", "SPARK_HVD_START_TIMEOUT",
-)
 
 
 def _number(x: float) -> str:
@@ -91,18 +84,18 @@ def rank_env(base: dict[str, str], slot: SlotInfo, *, rendezvous_addr: str, secr
            if not k.startswith("OMPI_COMM_WORLD_")}  # or the core would think it runs under MPI
     env.update(config)
     env.update({
-        "SPARK_HVD_RANK": str(slot.rank),
-        "SPARK_HVD_SIZE": str(slot.size),
-        "SPARK_HVD_LOCAL_RANK": str(slot.local_rank),
-        "SPARK_HVD_LOCAL_SIZE": str(slot.local_size),
-        "SPARK_HVD_CROSS_RANK": str(slot.cross_rank),
-        "SPARK_HVD_CROSS_SIZE": str(slot.cross_size),
-        "SPARK_HVD_RENDEZVOUS_ADDR": rendezvous_addr,
-        SECRET_ENV: secret_hex,
-        "SPARK_HVD_JOB_ID": job_id,
-        "SPARK_HVD_HOSTNAME": slot.hostname,
-        "SPARK_HVD_BIND_ADDR": bind_addr,
-        "SPARK_HVD_START_TIMEOUT": _number(start_timeout),
+        contract.RANK: str(slot.rank),
+        contract.SIZE: str(slot.size),
+        contract.LOCAL_RANK: str(slot.local_rank),
+        contract.LOCAL_SIZE: str(slot.local_size),
+        contract.CROSS_RANK: str(slot.cross_rank),
+        contract.CROSS_SIZE: str(slot.cross_size),
+        contract.RENDEZVOUS_ADDR: rendezvous_addr,
+        contract.SECRET: secret_hex,
+        contract.JOB_ID: job_id,
+        contract.HOSTNAME: slot.hostname,
+        contract.BIND_ADDR: bind_addr,
+        contract.START_TIMEOUT: _number(start_timeout),
         "PYTHONUNBUFFERED": "1",
     })
     return env

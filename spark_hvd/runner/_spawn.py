@@ -16,7 +16,7 @@ import subprocess
 import sys
 import threading
 
-from spark_hvd.common._secret import SECRET_ENV
+from spark_hvd.common._bootstrap_contract import SECRET
 
 # Variables of the launcher's environment that describe the launcher's own machine or shell
 # session and must not be copied to another host.
@@ -30,7 +30,7 @@ def forwardable_env(env: dict[str, str]) -> dict[str, str]:
     """The part of ``env`` to send to a remote rank: everything except the secret (sent on
     stdin), per-machine/session variables, and names or values a shell line cannot carry."""
     return {k: v for k, v in env.items()
-            if k != SECRET_ENV and k not in _NOT_FORWARDED
+            if k != SECRET and k not in _NOT_FORWARDED
             and not k.startswith(_NOT_FORWARDED_PREFIXES)
             and _ENV_NAME.match(k) and "\n" not in v and "\0" not in v}
 
@@ -49,8 +49,8 @@ def remote_script(command: list[str], env: dict[str, str], cwd: str) -> str:
     return "\n".join([
         f"cd {shlex.quote(cwd)} 2>/dev/null || {{ echo \"spark-hvd-run: $(hostname) has no "
         f"directory\" {shlex.quote(cwd)} >&2; exit 127; }}",
-        f"IFS= read -r {SECRET_ENV} || exit 1",
-        f"export {SECRET_ENV}",
+        f"IFS= read -r {SECRET} || exit 1",
+        f"export {SECRET}",
         "exec 3<&0",
         # setsid makes the rank a group leader so `kill -SIG -PGID` reaches all it started.
         'sess=; command -v setsid >/dev/null 2>&1 && sess=setsid',
@@ -156,7 +156,7 @@ def spawn(rank: int, host: str, command: list[str], env: dict[str, str], cwd: st
     popen = subprocess.Popen(argv, stdin=subprocess.PIPE, **common)
     # Keep stdin open after the secret: its closing is the remote side's signal to stop.
     try:
-        popen.stdin.write(env[SECRET_ENV].encode() + b"\n")
+        popen.stdin.write(env[SECRET].encode() + b"\n")
         popen.stdin.flush()
     except BrokenPipeError:
         pass  # ssh already failed; its exit code and stderr tell the user why

@@ -18,6 +18,7 @@ import threading
 import time
 
 from spark_hvd import __version__
+from spark_hvd.common import _bootstrap_contract as contract
 from spark_hvd.common._rendezvous import RendezvousServer
 from spark_hvd.common._secret import make_secret, secret_to_env
 from spark_hvd.runner import _env, _hosts, _net
@@ -30,7 +31,6 @@ LOG_LEVELS = ("TRACE", "DEBUG", "INFO", "WARNING", "ERROR", "FATAL")  # Horovod'
 DEFAULT_LOG_LEVEL = "WARNING"
 MPI_UNSUPPORTED = (f"{PROG}: MPI support is not built in this version; use the default TCP "
                    "transport (--gloo)")
-DEFAULT_START_TIMEOUT = 30.0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -137,14 +137,7 @@ def _start_timeout(args: argparse.Namespace) -> float:
     for value in (args.start_timeout, args.gloo_timeout_seconds):
         if value is not None:
             return value
-    for name in ("SPARK_HVD_START_TIMEOUT", "HOROVOD_START_TIMEOUT",
-                 "SPARK_HVD_GLOO_TIMEOUT_SECONDS", "HOROVOD_GLOO_TIMEOUT_SECONDS"):
-        if os.environ.get(name):
-            try:
-                return float(os.environ[name])
-            except ValueError:
-                raise ValueError(f"{name}={os.environ[name]!r} is not a number of seconds")
-    return DEFAULT_START_TIMEOUT
+    return contract.start_timeout()
 
 
 def log_threshold(args: argparse.Namespace) -> str:
@@ -152,10 +145,9 @@ def log_threshold(args: argparse.Namespace) -> str:
     (an unknown name counts as the default), else WARNING; --verbose shows INFO messages
     whatever the level."""
     level = args.log_level
-    for name in ("SPARK_HVD_LOG_LEVEL", "HOROVOD_LOG_LEVEL"):
-        if level is None and os.environ.get(name):
-            value = os.environ[name].strip().upper()
-            level = value if value in LOG_LEVELS else DEFAULT_LOG_LEVEL
+    if level is None and contract.setting("LOG_LEVEL") is not None:
+        value = contract.setting("LOG_LEVEL").strip().upper()
+        level = value if value in LOG_LEVELS else DEFAULT_LOG_LEVEL
     level = level or DEFAULT_LOG_LEVEL
     if args.verbose and LOG_LEVELS.index(level) > LOG_LEVELS.index("INFO"):
         level = "INFO"

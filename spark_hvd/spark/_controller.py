@@ -25,6 +25,7 @@ import sys
 import threading
 import time
 
+from spark_hvd.common import _bootstrap_contract as contract
 from spark_hvd.common._secret import make_secret
 from spark_hvd.runner._output import LineSink
 from spark_hvd.spark import _session, _task
@@ -35,9 +36,9 @@ DEFAULT_START_TIMEOUT = 600.0
 ALLOW_UNENCRYPTED_ENV = "SPARK_HVD_ALLOW_UNENCRYPTED"
 ALLOW_UNENCRYPTED_CONF = "spark_hvd.allowUnencrypted"
 RESULT_SCHEMA = "rank int, seq int, chunk binary"
-# The driver's own variables that reach the ranks (tuning such as SPARK_HVD_FUSION_THRESHOLD or
-# HOROVOD_CYCLE_TIME): a job configured on the driver behaves as under spark-hvd-run.
-_CONFIG_PREFIXES = ("SPARK_HVD_", "HOROVOD_")
+# The driver's SPARK_HVD_* and HOROVOD_* variables reach the ranks (tuning such as
+# SPARK_HVD_FUSION_THRESHOLD or HOROVOD_CYCLE_TIME), so a job configured on the driver behaves as
+# under spark-hvd-run; these, the bootstrap variables and SPARK_HVD_SPARK_* stay on the driver.
 _NOT_FORWARDED = {"SPARK_HVD_SPARK_DRIVER_ADDR", ALLOW_UNENCRYPTED_ENV}
 # How long a failed run waits for the other ranks to be stopped before raising.
 _STOP_WAIT_SECONDS = 10.0
@@ -58,18 +59,15 @@ class State(enum.Enum):
 def _start_timeout(value) -> float:
     if value is not None:
         return float(value)
-    for name in ("SPARK_HVD_SPARK_START_TIMEOUT", "HOROVOD_SPARK_START_TIMEOUT"):
-        if os.environ.get(name):
-            return float(os.environ[name])
-    return DEFAULT_START_TIMEOUT
+    value = contract.setting("SPARK_START_TIMEOUT")
+    return DEFAULT_START_TIMEOUT if value is None else float(value)
 
 
 def forwarded_env(env: dict | None) -> dict[str, str]:
     """The variables the ranks get from the driver: its spark_hvd/Horovod tuning, then
     ``env`` (which wins). Bootstrap variables are the task's business and never forwarded."""
-    from spark_hvd.runner._env import BOOTSTRAP_VARS
     out = {k: v for k, v in os.environ.items()
-           if k.startswith(_CONFIG_PREFIXES) and k not in BOOTSTRAP_VARS
+           if k.startswith(contract.ENV_PREFIXES) and k not in contract.BOOTSTRAP_VARS
            and k not in _NOT_FORWARDED and not k.startswith("SPARK_HVD_SPARK_")}
     for k, v in (env or {}).items():
         if not isinstance(k, str) or v is None:

@@ -36,6 +36,7 @@ import tempfile
 import threading
 import time
 
+from spark_hvd.common import _bootstrap_contract as contract
 from spark_hvd.common._rendezvous import KVClient, RendezvousServer
 from spark_hvd.common._secret import secret_to_env
 from spark_hvd.runner import _env
@@ -237,7 +238,8 @@ class _RankTask:
         self.events.put(("exit", self.proc.popen.returncode))
 
     def _watch_rendezvous(self, port: int) -> None:
-        """Report each ``init()`` of the rank: its key in the local server, one per round."""
+        """Report each ``init()`` of the rank: its line in the local server, under the init
+        round of the next generation's scope."""
         try:
             client = KVClient(f"127.0.0.1:{port}", self.spec.secret, timeout=30)
         except RuntimeError:
@@ -246,8 +248,9 @@ class _RankTask:
         with client:
             while True:
                 try:
-                    value = client.get(f"{self.spec.job_id}/init.{generation}",
-                                       f"allgather.0/{self.rank}", timeout=7 * 24 * 3600)
+                    value = client.get(contract.init_scope(self.spec.job_id, generation),
+                                       contract.allgather_key(contract.INIT_ROUND, self.rank),
+                                       timeout=7 * 24 * 3600)
                 except RuntimeError:
                     return  # the server stopped: the task is over
                 self.events.put(("init", generation, value))
@@ -304,11 +307,12 @@ class _RankTask:
             self._stop_child()
             raise TaskFailed(f"rank {self.rank}: BarrierTaskContext.allGather failed during "
                              f"hvd.init(): {messages}") from messages
-        scope = f"{self.spec.job_id}/init.{generation}"
+        scope = contract.init_scope(self.spec.job_id, generation)
         with KVClient(f"127.0.0.1:{self.server.port}", self.spec.secret, timeout=30) as client:
             for m in map(json.loads, messages):
                 if m["r"] != self.rank:
-                    client.put(scope, f"allgather.0/{m['r']}", base64.b64decode(m["v"]))
+                    client.put(scope, contract.allgather_key(contract.INIT_ROUND, m["r"]),
+                               base64.b64decode(m["v"]))
 
     def _init_mismatch(self, generation: int) -> None:
         self._stop_child()

@@ -105,3 +105,27 @@ def env_of(names):
 def big_result(n_bytes):
     """A result bigger than one result chunk."""
     return os.urandom(16) + b"x" * n_bytes
+
+
+def gather_through_init_rendezvous():
+    """Meets the other ranks as ``init()`` does, without calling it: gathers "name port" lines
+    through the rendezvous init() would use (the Spark task relays it as it relays init's),
+    then connects to every other rank's port. As in init(), no rank returns before every
+    rank has the lines (a rank that returned while another's round was still being relayed
+    would fail that task)."""
+    import socket
+
+    from spark_hvd.common._rendezvous import rendezvous_from_env
+    r = rendezvous_from_env()
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        try:
+            lines = [v.decode() for v in r.allgather(
+                f"rank{r.rank} {listener.getsockname()[1]}".encode())]
+        finally:
+            r.client.close()
+        for line in lines[:r.rank] + lines[r.rank + 1:]:
+            socket.create_connection(("127.0.0.1", int(line.split()[1])), timeout=30).close()
+        listener.settimeout(30)
+        for _ in range(len(lines) - 1):
+            listener.accept()[0].close()
+    return [line.split()[0] for line in lines]
