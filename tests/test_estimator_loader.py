@@ -74,7 +74,8 @@ def write_data(root, file_rows=(10, 10, 10, 10), val_rows=None, row_group_size=4
         if rows is None:
             splits[split] = None
             continue
-        os.makedirs(os.path.join(data_path, split), exist_ok=True)
+        split_dir = os.path.join(data_path, split)
+        os.makedirs(split_dir, exist_ok=True)
         files = []
         for i, n in enumerate(rows):
             ids = np.arange(start, start + n, dtype=np.int64)
@@ -84,10 +85,11 @@ def write_data(root, file_rows=(10, 10, 10, 10), val_rows=None, row_group_size=4
             schema = pa.schema([pa.field(c, a.type, nullable=nullable)
                                 for c, a in zip(COLUMNS, arrays)])
             table = pa.Table.from_arrays(arrays, schema=schema)
-            rel = _format.part_file(split, i)
-            pq.write_table(table, os.path.join(data_path, rel), row_group_size=row_group_size)
+            rel = _format.part_file(i)
+            pq.write_table(table, os.path.join(split_dir, rel), row_group_size=row_group_size)
             files.append(rel)
-        splits[split] = {"files": files, "rows": list(rows), "total_rows": sum(rows)}
+        splits[split] = {"dir": split_dir, "files": files, "rows": list(rows),
+                         "total_rows": sum(rows)}
     metadata = {
         "format_version": _format.FORMAT_VERSION, "data_key": "test",
         "feature_cols": ["x", "img"], "label_cols": ["id"], "sample_weight_col": None,
@@ -175,7 +177,7 @@ def test_ranks_read_disjoint_files_and_cover_all_rows(data):
     seen = []
     for rank in range(2):
         with ShardReader(fs, path, meta, rank=rank, size=2, batch_size=5, shuffle=False) as r:
-            assert r.files == ["train/part-%05d.parquet" % i for i in (rank, rank + 2)]
+            assert r.files == ["part-%05d.parquet" % i for i in (rank, rank + 2)]
             assert r.rows == 20 and r.steps_per_epoch == 4
             ids = ids_of(list(r.epoch(0)))
         # Files i % 2 == rank hold ids [10 i, 10 i + 10).
@@ -297,7 +299,7 @@ def test_inmemory_cache_all_survives_deleted_files(tmp_path):
                      inmemory_cache_all=True) as r:
         assert len(list(r.epoch(0))) == 6     # 24 rows > 20: every row group was read
         for f in meta["splits"]["train"]["files"]:
-            os.remove(os.path.join(path, f))
+            os.remove(os.path.join(path, "train", f))
         for epoch in (1, 2):
             batches = list(r.epoch(epoch))
             assert len(batches) == 6
@@ -308,7 +310,7 @@ def test_inmemory_cache_all_survives_deleted_files(tmp_path):
     with ShardReader(fs, path, meta, batch_size=4, steps_per_epoch=6) as r:
         list(r.epoch(0))
         for f in meta["splits"]["train"]["files"]:
-            os.remove(os.path.join(path, f))
+            os.remove(os.path.join(path, "train", f))
         with pytest.raises(ShardReadError, match="part-0000"):
             list(r.epoch(1))
 
@@ -325,7 +327,7 @@ def test_reader_thread_error_surfaces_with_file_name(data, num_workers):
     fs, path, meta = data
     baseline = threading.active_count()
     r = ShardReader(fs, path, meta, batch_size=4, shuffle=False, num_workers=num_workers)
-    corrupt_data_pages(os.path.join(path, "train/part-00002.parquet"))
+    corrupt_data_pages(os.path.join(path, "train", "part-00002.parquet"))
     it = r.epoch(0)
     got = []
     with pytest.raises(ShardReadError, match=r"train/part-00002\.parquet"):

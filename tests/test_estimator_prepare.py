@@ -33,7 +33,8 @@ def store(tmp_path):
 
 def read_split(store, meta, split):
     """All rows of ``split`` as one table, plus the per-file tables."""
-    base = store.get_data_path(meta["data_key"])
+    paths = {"train": store.get_train_data_path, "val": store.get_val_data_path}
+    base = paths[split](meta["data_key"])
     tables = []
     for rel in meta["splits"][split]["files"]:
         with store.open_input(store.join(base, rel)) as f:
@@ -151,7 +152,8 @@ def test_fsspec_filesystem_store(spark, tmp_path):
     meta = prep(df, store, feature_cols=["x"], label_cols=["id"])
     table, _ = read_split(store, meta, "train")
     assert sorted(table.column("id").to_pylist()) == list(range(50))
-    assert os.path.exists(f"{tmp_path}/fsspec-store/intermediate/{meta['data_key']}/_metadata.json")
+    assert os.path.exists(f"{tmp_path}/fsspec-store/intermediate_train_data.{meta['data_key']}"
+                          "/_metadata.json")
 
 
 # -- layout: balance, empty partitions, row groups ---------------------------------------------
@@ -161,7 +163,7 @@ def test_balanced_files_and_row_groups(spark, store):
     meta = prep(df, store, feature_cols=["id"], label_cols=["y"], num_proc=3,
                 partitions_per_process=2, row_group_size=64)
     train = meta["splits"]["train"]
-    assert train["files"] == [_format.part_file("train", i) for i in range(6)]
+    assert train["files"] == [_format.part_file(i) for i in range(6)]
     assert sum(train["rows"]) == train["total_rows"] == 1000
     assert max(train["rows"]) - min(train["rows"]) <= 6, train["rows"]
     base = store.get_data_path(meta["data_key"])
@@ -193,7 +195,7 @@ def test_validation_fraction(spark, tmp_path):
              random_seed=7)
     val, train = a["splits"]["val"], a["splits"]["train"]
     assert 140 < val["total_rows"] < 260 and val["total_rows"] + train["total_rows"] == 1000
-    assert val["files"] == [_format.part_file("val", i) for i in range(2)]
+    assert val["files"] == [_format.part_file(i) for i in range(2)]
     store_a = LocalStore(str(tmp_path / "a"))
     train_ids = set(read_split(store_a, a, "train")[0].column("id").to_pylist())
     assert not train_ids & set(_val_ids(store_a, a))  # a row is in exactly one split
@@ -236,8 +238,9 @@ def test_reuse_writes_nothing(session, store, capsys):
     other = session.range(31).selectExpr("id", "cast(id as float) as x")
     key2 = prep(other, store, feature_cols=["x"], label_cols=["id"], validation=0.3)["data_key"]
     assert key2 != meta["data_key"]
-    assert store.listdir(store.join(store.prefix_path, "intermediate")) == \
-        sorted([meta["data_key"], key2])
+    assert store.listdir(store.prefix_path) == sorted(
+        f"intermediate_{split}_data.{key}" for split in ("train", "val")
+        for key in (meta["data_key"], key2))
 
 
 def test_data_key_depends_on_every_input(spark):
@@ -354,7 +357,7 @@ def test_too_few_rows_and_empty_splits(spark, store):
     # A random split that leaves the validation side empty: nothing is left behind.
     with pytest.raises(ValueError, match="validation split is empty"):
         prep(spark.range(3), store, feature_cols=["id"], num_proc=1, validation=0.01)
-    assert store.listdir(store.join(store.prefix_path, "intermediate")) == []
+    assert not store.exists(store.prefix_path) or store.listdir(store.prefix_path) == []
     with pytest.raises(ValueError, match="training split is empty|only 0 training rows"):
         prep(spark.range(3), store, feature_cols=["id"], num_proc=1, validation=0.99)
 

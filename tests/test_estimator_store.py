@@ -46,13 +46,19 @@ def test_create_dispatches_by_scheme(tmp_path):
 
 def test_layout(store):
     p = store.prefix_path
-    assert store.get_data_path("k1") == f"{p}/intermediate/k1"
+    assert store.get_train_data_path() == f"{p}/intermediate_train_data"
+    assert store.get_train_data_path("k1") == f"{p}/intermediate_train_data.k1"
+    assert store.get_val_data_path("k1") == f"{p}/intermediate_val_data.k1"
+    assert store.get_test_data_path(0) == f"{p}/intermediate_test_data.0"
+    assert store.get_data_path("k1") == store.get_train_data_path("k1")
     assert store.get_runs_path() == f"{p}/runs"
     assert store.get_run_path("r1") == f"{p}/runs/r1"
     assert store.get_checkpoint_path("r1") == f"{p}/runs/r1/checkpoints"
+    assert store.get_logs_subdir() == "logs"
     assert store.get_logs_path("r1") == f"{p}/runs/r1/logs"
-    assert store.get_checkpoint_filename(3) == "epoch-00003.pt"
+    assert store.get_checkpoint_filename() == "epoch"
     assert store.get_checkpoint_file("r1", 3, "ckpt") == f"{p}/runs/r1/checkpoints/epoch-00003.ckpt"
+    assert store.saving_runs()
 
 
 def test_read_write_list_delete(store):
@@ -182,10 +188,14 @@ def test_hdfs_store_paths(monkeypatch):
     monkeypatch.setattr("spark_hvd.estimators.store.hdfs_environment_problems", lambda: [])
     s = HDFSStore("hdfs://nn:8020/user/me")
     assert (s._host, s._port) == ("nn", 8020)
-    assert s.fs_path(s.get_data_path("k")) == "/user/me/intermediate/k"
+    assert s.fs_path(s.get_data_path("k")) == "/user/me/intermediate_train_data.k"
     assert pickle.loads(pickle.dumps(s)) == s
-    with pytest.raises(ValueError):
-        HDFSStore("/not/hdfs")
+    # Horovod's forms: a plain path is on the default namenode, other paths on the prefix's.
+    assert HDFSStore("/user/me").prefix_path == "hdfs:///user/me"
+    s = HDFSStore("hdfs://nn:8020/user/me", train_path="/data/train", driver="libhdfs")
+    assert s.get_train_data_path() == "hdfs://nn:8020/data/train"
+    with pytest.raises(ValueError, match="needs an hdfs:// URL"):
+        HDFSStore("s3://bucket/x")
 
 
 def test_dbfs_paths_need_the_databricks_mount():
@@ -232,3 +242,91 @@ def test_horovod_module_paths():
     import spark_hvd.spark.keras as hvd_keras
     assert (hvd_keras.KerasEstimator, hvd_keras.KerasModel) == (est.KerasEstimator,
                                                                 est.KerasModel)
+
+
+# -- Horovod's constructor keywords and methods -------------------------------------------------
+
+def test_horovod_keywords_move_each_part(tmp_path):
+    store = Store.create(str(tmp_path / "s"), train_path=str(tmp_path / "tr"),
+                         val_path=str(tmp_path / "va"), test_path="rel-test",
+                         runs_path=str(tmp_path / "r"), checkpoint_filename="ckpt")
+    assert type(store) is LocalStore
+    assert store.get_train_data_path() == str(tmp_path / "tr")
+    assert store.get_train_data_path("k") == f"{tmp_path}/tr.k"
+    assert store.get_val_data_path(3) == f"{tmp_path}/va.3"
+    assert store.get_test_data_path() == os.path.join(os.getcwd(), "rel-test")
+    assert store.get_run_path("x") == f"{tmp_path}/r/x"
+    assert store.get_checkpoint_filename() == "ckpt"
+    for epoch in (0, 1):
+        store.write_bytes(store.get_checkpoint_file("x", epoch, "pt"), b"c")
+    store.write_bytes(store.join(store.get_checkpoint_path("x"), "epoch-00005.pt"), b"other")
+    assert [e for e, _ in store.list_checkpoints("x")] == [0, 1]
+    assert store.get_checkpoints("x") == [store.get_checkpoint_file("x", e) for e in (0, 1)]
+    assert store.get_checkpoints("x", suffix=".keras") == []
+    assert pickle.loads(pickle.dumps(store)) == store
+
+
+def test_save_runs_false_keeps_no_runs(store):
+    hvd_style = type(store)(store.prefix_path, save_runs=False)
+    assert not hvd_style.saving_runs()
+    assert hvd_style.get_checkpoint_path("r") is None and hvd_style.get_logs_path("r") is None
+    assert hvd_style.list_checkpoints("r") == [] and hvd_style.get_checkpoints("r") == []
+    with pytest.raises(ValueError, match="save_runs=False"):
+        hvd_style.get_checkpoint_file("r", 1)
+
+
+def test_read_exists_and_parquet_datasets(store):
+    d = store.get_train_data_path("k")
+    assert not store.is_parquet_dataset(d)
+    for i in range(2):
+        with store.atomic_writer(store.join(d, f"part-{i}.parquet")) as f:
+            pq.write_table(pa.table({"x": [i, i + 10]}), f)
+    store.write_text(store.join(d, "_metadata.json"), "{}")     # skipped by Parquet readers
+    assert store.exists(d) and store.is_parquet_dataset(d)
+    assert sorted(store.get_parquet_dataset(d).read().column("x").to_pylist()) == [0, 1, 10, 11]
+    assert store.read(store.join(d, "_metadata.json")) == b"{}"
+    assert not store.is_parquet_dataset(store.join(d, "_metadata.json"))
+    assert store.fs.exists(store.get_localized_path(d))
+
+
+def test_local_output_dir_sync_and_to_remote(store):
+    remote = store.to_remote("run1", "k")
+    assert remote.train_data_path == store.get_train_data_path("k")
+    assert remote.val_data_path == store.get_val_data_path("k")
+    assert remote.run_path == store.get_run_path("run1")
+    assert remote.checkpoint_filename == store.get_checkpoint_filename()
+    assert remote.logs_subdir == "logs" and remote.saving_runs
+    with remote.get_local_output_dir() as local:
+        os.makedirs(os.path.join(local, "logs"))
+        with open(os.path.join(local, "logs", "events"), "w") as f:
+            f.write("e1")
+        with open(os.path.join(local, "top.txt"), "w") as f:
+            f.write("t")
+        sync = pickle.loads(pickle.dumps(remote.sync))   # travels to the ranks
+        sync(local)
+    assert not os.path.exists(local)
+    assert store.read_text(store.join(store.get_logs_path("run1"), "events")) == "e1"
+    assert store.read_text(store.join(store.get_run_path("run1"), "top.txt")) == "t"
+
+
+def test_filesystem_store_takes_local_paths_and_storage_options(tmp_path):
+    # Horovod's FilesystemStore is its store for local paths too (LocalStore is its alias).
+    fs_store = FilesystemStore(str(tmp_path / "fss"), storage_options={"auto_mkdir": True})
+    assert fs_store.prefix_path == f"file://{tmp_path}/fss"
+    assert fs_store.storage_options == {"auto_mkdir": True}
+    fs_store.write_text(fs_store.join(fs_store.get_run_path("r"), "a.txt"), "x")
+    assert open(tmp_path / "fss" / "runs" / "r" / "a.txt").read() == "x"
+    assert fs_store.get_train_data_path() == f"file://{tmp_path}/fss/intermediate_train_data"
+    assert FilesystemStore("memory://m", val_path="memory://v/d").get_val_data_path() == \
+        "memory://v/d"
+    assert fs_store.fs is fs_store.fsspec_filesystem
+
+
+def test_abstract_filesystem_store_and_backend_classes():
+    from spark_hvd.spark.common.backend import Backend, SparkBackend
+    from spark_hvd.spark.common.store import AbstractFilesystemStore
+    for cls in (LocalStore, HDFSStore, FilesystemStore, DBFSLocalStore):
+        assert issubclass(cls, AbstractFilesystemStore) and issubclass(cls, Store)
+    assert issubclass(SparkBackend, Backend)
+    with pytest.raises(NotImplementedError):
+        Backend().num_processes()

@@ -117,3 +117,109 @@ def test_torch_loss_is_horovods():
     w = torch.tensor([1.0, 3.0])
     got = float(_make_loss([mse], None)(out[:1], lab[:1], w))
     assert got == pytest.approx((1 * 1.0 + 4 * 3.0) / 2)
+
+
+# -- transformation_fn in spark_hvd's and Horovod's styles ------------------------------------
+
+def _batch():
+    return {"x": np.arange(12, dtype=np.float32).reshape(3, 4),
+            "y": np.array([1.0, 2.0, 3.0]), "w": np.ones(3)}
+
+
+def test_transformation_numpy_style_is_kept():
+    from spark_hvd.estimators._transformation import make_batch_transform
+    calls = []
+
+    def double(batch):
+        calls.append(type(batch).__name__)
+        batch["x"] = batch["x"] * 2
+        return batch
+    transform = make_batch_transform(double)
+    for _ in range(2):
+        out = transform(_batch())
+        np.testing.assert_array_equal(out["x"], _batch()["x"] * 2)
+    assert transform.style == "numpy" and calls == ["dict", "dict"]
+
+
+def test_transformation_horovod_pandas_style_is_detected():
+    from spark_hvd.estimators._transformation import make_batch_transform
+    seen = []
+
+    def horovod_fn(pdf):            # Petastorm's TransformSpec with make_batch_reader
+        seen.append(type(pdf).__name__)
+        pdf["x"] = pdf["x"].map(lambda v: v + 1)      # .map: a pandas Series only
+        pdf["y"] = pdf["y"] * 10
+        return pdf
+    transform = make_batch_transform(horovod_fn)
+    out = transform(_batch())
+    # Offered as a dict first (it failed there), then as a DataFrame.
+    assert transform.style == "pandas" and seen == ["dict", "DataFrame"]
+    np.testing.assert_array_equal(out["x"], _batch()["x"] + 1)
+    assert out["x"].shape == (3, 4) and out["x"].dtype == np.float32
+    np.testing.assert_array_equal(out["y"], [10.0, 20.0, 30.0])
+    transform(_batch())
+    assert seen == ["dict", "DataFrame", "DataFrame"]       # decided once
+
+
+def test_transformation_horovod_row_style_is_detected():
+    from spark_hvd.estimators._transformation import make_batch_transform
+
+    def row_fn(row):                # Petastorm's TransformSpec with make_reader: one row
+        return {"x": row["x"].reshape(2, 2), "y": float(row["y"]) + 1, "w": row["w"]}
+    transform = make_batch_transform(row_fn)
+    out = transform(_batch())
+    assert transform.style == "rows"
+    assert out["x"].shape == (3, 2, 2)
+    np.testing.assert_array_equal(out["y"], [2.0, 3.0, 4.0])
+
+
+def test_transformation_edit_and_removed_fields():
+    from spark_hvd.estimators._transformation import make_batch_transform
+
+    def add_column(pdf):
+        pdf["z"] = pdf["x"].map(lambda v: v[:2])
+        return pdf
+    transform = make_batch_transform(add_column, edit_fields=[("z", np.float64, (2, 1), False)],
+                                     removed_fields=["w"])
+    out = transform(_batch())
+    assert transform.style == "pandas"     # edit fields: a TransformSpec function
+    assert set(out) == {"x", "y", "z"}
+    assert out["z"].dtype == np.float64 and out["z"].shape == (3, 2, 1)
+    with pytest.raises(ValueError, match="not a .name, numpy_dtype, shape"):
+        make_batch_transform(add_column, edit_fields=["z"])
+    with pytest.raises(ValueError, match="transformation_fn is not"):
+        make_batch_transform(None, removed_fields=["w"])
+
+
+def test_transformation_errors_name_every_style():
+    from spark_hvd.estimators._transformation import make_batch_transform
+
+    def broken(batch):
+        raise KeyError("no_such_column")
+    with pytest.raises(ValueError, match="as a dict of NumPy arrays.*as a pandas DataFrame.*"
+                                         "one row at a time"):
+        make_batch_transform(broken)(_batch())
+    with pytest.raises(ValueError, match="without one value per batch row"):
+        make_batch_transform(lambda b: {"x": b["x"][:1]}, style="numpy")(_batch())
+
+
+def test_horovod_params_accessors_and_keywords():
+    pytest.importorskip("torch")
+    from spark_hvd.estimators import TorchEstimator, TorchModel
+    est = TorchEstimator(reader_pool_type="process", compress_sparse_cols=True,
+                         continuous_cols=["a"], categorical_cols="b", mp_start_method="spawn",
+                         tensorflow_dataset_prefetch_buffer_size=0,
+                         transformation_edit_fields=[("x", np.float32, (4,), False)],
+                         transformation_removed_fields=["w"])
+    assert (est.getReaderPoolType(), est.getCompressSparseCols(), est.getContinuousCols(),
+            est.getCategoricalCols(), est.getMpStartMethod(),
+            est.getTensorflowDatasetPrefetchBufferSize()) == \
+        ("process", True, ["a"], ["b"], "spawn", 0)
+    model = TorchModel(feature_columns=["f"], label_columns=["y"], _metadata={"k": 1},
+                       loss="l", loss_constructors=None)
+    assert model.getFeatureColumns() == model.getFeatureCols() == ["f"]
+    assert model.getLabelColumns() == ["y"] and model._get_metadata() == {"k": 1}
+    assert model.getLoss() == "l" and model.getLossConstructors() is None
+    assert model.getOptimizer() is None
+    with pytest.raises(TypeError, match="not both"):
+        TorchModel(feature_cols=["f"], feature_columns=["f"])

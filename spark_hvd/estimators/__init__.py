@@ -21,21 +21,29 @@ Horovod's backend interface (``num_processes()``, ``run(fn, args, kwargs, env)``
 for it as ``backend=``.
 
 Horovod's module paths work too: ``spark_hvd.spark.torch``, ``spark_hvd.spark.keras``,
-``spark_hvd.spark.common.store`` and ``spark_hvd.spark.common.backend``.
+``spark_hvd.spark.common.store``, ``spark_hvd.spark.common.backend`` and
+``spark_hvd.spark.common.util`` (``prepare_data``: prepare once, ``fit_on_parquet`` several
+estimators).
 
-Modules: ``store`` (Store, LocalStore, DBFSLocalStore, HDFSStore, FilesystemStore),
+Modules: ``store`` (Store, AbstractFilesystemStore, LocalStore, DBFSLocalStore, HDFSStore,
+FilesystemStore),
 ``loader`` (the shard reader every rank trains from), ``torch`` (TorchEstimator, TorchModel),
 ``keras`` (KerasEstimator, KerasModel).
 """
 
 import importlib
+import importlib.util
 
 _EXPORTS = {
     "Store": "store", "LocalStore": "store", "HDFSStore": "store", "FilesystemStore": "store",
-    "DBFSLocalStore": "store",
+    "DBFSLocalStore": "store", "AbstractFilesystemStore": "store",
     "TorchEstimator": "torch", "TorchModel": "torch",
     "KerasEstimator": "keras", "KerasModel": "keras", "SparkBackend": "_base",
+    "Backend": "_base",
 }
+# Helper modules that may not be there in every build: exported only when present.
+if importlib.util.find_spec(f"{__name__}.lightning") is not None:
+    _EXPORTS.update(LightningEstimator="lightning", LightningModel="lightning")
 
 __all__ = sorted(_EXPORTS)
 

@@ -6,6 +6,7 @@ the model (de)serialisation."""
 from __future__ import annotations
 
 import datetime
+import os
 import secrets
 
 from pyspark.ml import Estimator, Model
@@ -15,7 +16,22 @@ from ._persistence import Persistable
 from ._progress import ProgressSink
 
 
-class SparkBackend:
+class Backend:
+    """Horovod's interface for what runs an estimator's training function (``backend=``): a
+    custom backend derives from it when training runs somewhere other than the Spark
+    application that fits the estimator."""
+
+    def run(self, fn, args=(), kwargs=None, env=None):
+        """Runs ``fn(*args, **kwargs)`` on every rank with ``env`` added to the environment;
+        returns the results ordered by rank."""
+        raise NotImplementedError()
+
+    def num_processes(self):
+        """The number of ranks ``run`` starts."""
+        raise NotImplementedError()
+
+
+class SparkBackend(Backend):
     """Runs an estimator's training ranks on Spark barrier tasks (``spark_hvd.spark.run``).
 
     Args:
@@ -77,6 +93,20 @@ def run_on(backend, fn, args, env, spark, stdout):
     return backend.run(fn, args=args, kwargs={}, env=env)
 
 
+class RankEntry:
+    """What each rank runs: Horovod's per-rank setup (``mp_start_method``), then the
+    framework's training function ``trainer(config, resume)``."""
+
+    def __init__(self, trainer, mp_start_method=None):
+        self.trainer, self.mp_start_method = trainer, mp_start_method
+
+    def __call__(self, config, resume):
+        if self.mp_start_method is not None:
+            import multiprocessing
+            multiprocessing.set_start_method(self.mp_start_method, force=True)
+        return self.trainer(config, resume)
+
+
 def num_processes_of(backend, spark) -> int:
     if isinstance(backend, SparkBackend):
         return backend.num_processes(spark)
@@ -103,33 +133,93 @@ class DistributedEstimator(Estimator, Persistable):
         from ._prepare import prepare_data
         self._check_params(df)
         spark = df.sparkSession
-        backend = self.getBackend() or SparkBackend(num_proc=self.getNumProc())
-        num_proc = num_processes_of(backend, spark)
-        store = self.getStore()
-        verbose = self.getVerbose()
-        seed = self.getRandomSeed()
+        backend, num_proc = self._backend_and_size(spark)
         metadata = prepare_data(
-            df, store, num_proc=num_proc, partitions_per_process=self.getPartitionsPerProcess(),
+            df, self.getStore(), num_proc=num_proc,
+            partitions_per_process=self.getPartitionsPerProcess(),
             feature_cols=self.getFeatureCols(), label_cols=self.getLabelCols(),
             sample_weight_col=self.getSampleWeightCol(), validation=self.getValidation(),
-            random_seed=seed, verbose=verbose)
+            random_seed=self.getRandomSeed(), verbose=self.getVerbose())
+        return self._fit_prepared(metadata, backend, num_proc, spark)
+
+    def fit_on_parquet(self, params=None, dataset_idx=None, train_data=None, val_data=None):
+        """Trains on Parquet data already in the Store, without a DataFrame (Horovod's method).
+
+        Reads, in this order of preference:
+
+        * ``train_data`` (and ``val_data``): paths of Parquet data sets (a directory of files,
+          as ``df.write.parquet`` writes, or one file) that the Store's filesystem reads;
+          ``fit_on_parquet("/data/train", "/data/val")`` is the same;
+        * ``dataset_idx``: the data set ``spark_hvd.spark.common.util.prepare_data`` prepared
+          (the key its ``with`` block yields);
+        * inside a ``util.prepare_data(...)`` block on the same Store: that block's data;
+        * else the Store's ``train_path`` and, if it exists, ``val_path`` (Horovod's
+          ``Store.create(..., train_path=..., val_path=...)`` then ``fit_on_parquet()``).
+
+        Columns must be numeric or boolean scalars, or lists of them with one length in every
+        row (not Spark ML vectors: ``fit(df)`` or ``prepare_data`` converts those); every rank
+        needs at least one file with rows (rank ``r`` reads the files ``i % num_proc == r``).
+        ``validation`` does not apply: validation rows come from ``val_data``. ``params``
+        overrides Params for this call, as in ``fit``. Returns the trained Model.
+        """
+        if isinstance(params, (str, os.PathLike)):   # fit_on_parquet(train_data, val_data)
+            params, train_data, val_data, dataset_idx = None, params, dataset_idx, None
+        estimator = self.copy(params) if params else self
+        return estimator._fit_on_parquet(dataset_idx, train_data, val_data)
+
+    def _fit_on_parquet(self, dataset_idx, train_data, val_data):
+        from . import _prepare
+        self._check_params(None)
+        store = self.getStore()
+        spark = None   # no DataFrame: a SparkBackend uses the active session
+        backend, num_proc = self._backend_and_size(spark)
+        if train_data is None and dataset_idx is None:
+            dataset_idx = _prepare.active_dataset(store)
+        if train_data is None and dataset_idx is not None:
+            metadata = _prepare.load_metadata(store, str(dataset_idx))
+            _prepare.check_columns(metadata, self.getFeatureCols(), self.getLabelCols(),
+                                   self.getSampleWeightCol())
+        else:
+            if train_data is None:
+                train_data = store.get_train_data_path()
+                default_val = store.get_val_data_path()
+                val_data = default_val if store.exists(default_val) else None
+            metadata = _prepare.describe_parquet(
+                store, str(train_data), None if val_data is None else str(val_data),
+                self.getFeatureCols(), self.getLabelCols(), self.getSampleWeightCol())
+        _prepare.check_rank_rows(metadata, num_proc)
+        return self._fit_prepared(metadata, backend, num_proc, spark)
+
+    def _backend_and_size(self, spark):
+        backend = self.getBackend() or SparkBackend(num_proc=self.getNumProc())
+        return backend, num_processes_of(backend, spark)
+
+    def _fit_prepared(self, metadata, backend, num_proc, spark):
+        """Trains on prepared data (every fit path ends here): picks the run, runs the ranks
+        inside the fit's tracking, builds the Model."""
+        store = self.getStore()
+        verbose = self.getVerbose()
         run_id = self.getRunId() or new_run_id(self._run_prefix)
         checkpoints = store.list_checkpoints(run_id)
-        config = self._training_config(metadata, run_id, num_proc, seed)
+        config = self._training_config(metadata, run_id, num_proc, self.getRandomSeed())
         resume = checkpoints[-1][1] if checkpoints else None
         if resume is not None and verbose:
             print(f"spark_hvd: resuming run {run_id} from {resume}", flush=True)
         sink = ProgressSink(getattr(backend, "stdout", None), verbose)
-        env = dict(self.getEnv() or {})
+        trainer = RankEntry(self._remote_trainer(), self.getMpStartMethod())
         with _tracking.track_fit(self, run_id, sink) as tracking:
             try:
-                results = run_on(backend, self._remote_trainer(), (config, resume), env, spark,
+                results = run_on(backend, trainer, (config, resume), self._run_env(), spark,
                                  sink)
             finally:
                 sink.close()
             model = self._create_model(results[0], metadata, run_id)
             tracking.log_model(model)
         return model
+
+    def _run_env(self) -> dict:
+        """Environment variables the ranks get (``env``; Keras adds ``backend_env``)."""
+        return dict(self.getEnv() or {})
 
     def _check_params(self, df) -> None:
         name = type(self).__name__
@@ -149,6 +239,15 @@ class DistributedEstimator(Estimator, Persistable):
             value = self.getOrDefault(param)
             if value is None or value < 1:
                 raise ValueError(f"{name}: {param} must be a positive integer, got {value!r}")
+        if self.getReaderPoolType() not in ("thread", "process", "dummy"):
+            raise ValueError(f"{name}: reader_pool_type must be 'thread', 'process' or "
+                             f"'dummy', got {self.getReaderPoolType()!r}")
+        method = self.getMpStartMethod()
+        if method is not None:
+            import multiprocessing
+            if method not in multiprocessing.get_all_start_methods():
+                raise ValueError(f"{name}: mp_start_method {method!r} is not supported here; "
+                                 f"use one of {multiprocessing.get_all_start_methods()}")
         if self.getReader() not in ("arrow", "petastorm"):
             raise ValueError(f"{name}: reader must be 'arrow' or 'petastorm', "
                              f"got {self.getReader()!r}")
@@ -164,7 +263,13 @@ class DistributedEstimator(Estimator, Persistable):
     def _training_config(self, metadata, run_id, num_proc, seed) -> dict:
         """Everything a rank needs, picklable; framework-specific parts are added by
         ``_framework_config``."""
+        from ._transformation import make_batch_transform
         batch_size = self.getBatchSize()
+        # Horovod's 'dummy' pool reads in the consumer's thread: our loader with no workers.
+        in_thread = self.getReaderPoolType() == "dummy"
+        transformation = make_batch_transform(
+            self.getTransformationFn(), self.getTransformationEditFields(),
+            self.getTransformationRemovedFields(), self.getTransformationFnInput())
         config = {
             "store": self.getStore(), "metadata": metadata, "run_id": run_id,
             "num_proc": num_proc, "epochs": self.getEpochs(), "batch_size": batch_size,
@@ -173,15 +278,17 @@ class DistributedEstimator(Estimator, Persistable):
             "validation_steps_per_epoch": self.getValidationStepsPerEpoch(),
             "shuffle": self.getShuffle(), "shuffle_buffer_size": self.getShuffleBufferSize(),
             "random_seed": seed if seed is not None else secrets.randbelow(2**31),
-            "verbose": self.getVerbose(), "transformation_fn": self.getTransformationFn(),
+            "verbose": self.getVerbose(), "transformation_fn": transformation,
             "input_shapes": self.getInputShapes(), "label_shapes": self.getLabelShapes(),
             "feature_cols": self.getFeatureCols(), "label_cols": self.getLabelCols(),
             "sample_weight_col": self.getSampleWeightCol(),
             "backward_passes_per_step": self.getBackwardPassesPerStep(),
             "gradient_compression": self.getGradientCompression(),
             "use_gpu": self.getUseGpu(), "inmemory_cache_all": self.getInmemoryCacheAll(),
-            "train_reader_num_workers": self.getTrainReaderNumWorkers(),
-            "val_reader_num_workers": self.getValReaderNumWorkers(),
+            "train_reader_num_workers": 0 if in_thread else self.getTrainReaderNumWorkers(),
+            "val_reader_num_workers": 0 if in_thread else self.getValReaderNumWorkers(),
+            "tensorflow_dataset_prefetch_buffer_size":
+                self.getTensorflowDatasetPrefetchBufferSize(),
             "reader": self.getReader(), "scale_learning_rate": self.getScaleLearningRate(),
             "metrics": self.getMetrics() or [], "loss_weights": self.getLossWeights(),
             "callbacks": self.getCallbacks() or [],
@@ -205,9 +312,15 @@ class DistributedEstimator(Estimator, Persistable):
 class DistributedModel(Model, Persistable):
     """Base of TorchModel and KerasModel: ``transform`` through an Arrow UDF in batches."""
 
+    _keyword_aliases = _params.MODEL_KEYWORD_ALIASES
+
     def __init__(self, **kwargs):
         super().__init__()
         _params.init_params(self, kwargs)
+
+    def _get_metadata(self):
+        """The training data's metadata (Horovod's internal accessor, for its ``_metadata``)."""
+        return self.getTrainingMetadata()
 
     def getOutputCols(self):
         """The prediction columns: ``output_cols`` if set, else ``<label>__output``."""

@@ -65,8 +65,19 @@ COMMON_ESTIMATOR_PARAMS = {
     "run_id": ("the run's id: checkpoints and logs go to runs/<run_id>/ in the Store; fitting "
                "again with the same run_id resumes from its last checkpoint (default: a new id)",
                None, None),
-    "transformation_fn": ("function applied on each rank to every batch, a dict of column name "
-                          "to NumPy array, returning such a dict", None, None),
+    "transformation_fn": ("function applied on each rank to every training and validation "
+                          "batch: spark_hvd's style takes and returns a dict of column name to "
+                          "NumPy array; Horovod's takes and returns a pandas DataFrame (see "
+                          "transformation_fn_input)", None, None),
+    "transformation_fn_input": ("what transformation_fn takes: 'numpy' (a dict of arrays), "
+                                "'pandas' (Horovod's: a DataFrame), 'rows' (Horovod's with "
+                                "make_reader: one row dict), or None to detect it on the first "
+                                "batch", None, None),
+    "transformation_edit_fields": ("Horovod's: (name, numpy_dtype, shape, is_nullable) of each "
+                                   "column transformation_fn adds or changes; the result is "
+                                   "cast and reshaped to them", None, None),
+    "transformation_removed_fields": ("Horovod's: names of columns transformation_fn removes "
+                                      "(dropped from its result)", None, None),
     "input_shapes": ("shape of each feature column as the model takes it (-1 or None for the "
                      "batch dimension); default: the column's own shape", None, None),
     "label_shapes": ("shape of each label column as the loss takes it", None, None),
@@ -84,6 +95,25 @@ COMMON_ESTIMATOR_PARAMS = {
                                TypeConverters.toInt, 2),
     "reader": ("'arrow' (spark_hvd's loader, the default) or 'petastorm' (make_batch_reader, "
                "when Petastorm can be imported)", TypeConverters.toString, "arrow"),
+    "reader_pool_type": ("Horovod's reader pool: 'thread' (the default) and 'process' read "
+                         "with train/val_reader_num_workers threads (the decode releases the "
+                         "GIL, so processes would add only copies), 'dummy' reads in the "
+                         "training thread itself", TypeConverters.toString, "thread"),
+    "compress_sparse_cols": ("Horovod's: store SparseVector columns compressed; accepted, and "
+                             "vectors are stored dense (what the model takes)",
+                             TypeConverters.toBoolean, False),
+    "continuous_cols": ("Horovod's: continuous feature columns of its NVTabular data module; "
+                        "accepted and recorded, unused (features are feature_cols)",
+                        _to_list_of_strings, None),
+    "categorical_cols": ("Horovod's: categorical feature columns of its NVTabular data module; "
+                         "accepted and recorded, unused (features are feature_cols)",
+                         _to_list_of_strings, None),
+    "mp_start_method": ("multiprocessing start method ('fork', 'spawn', 'forkserver') set on "
+                        "every rank before training, as Horovod does; None leaves Python's",
+                        None, None),
+    "tensorflow_dataset_prefetch_buffer_size": ("batches the Keras tf.data input prefetches: "
+                                                "None 2, 0 none (Horovod's default 0); no "
+                                                "effect on Torch", _to_optional_int, None),
     "scale_learning_rate": ("multiply the optimizer's learning rate by the number of processes "
                             "(Horovod's recipe; off unless asked)", TypeConverters.toBoolean,
                             False),
@@ -112,6 +142,10 @@ COMMON_MODEL_PARAMS = {
     "training_metadata": ("column types and shapes of the training data (the prepared "
                           "data's metadata)", None, None),
 }
+
+# Horovod's model constructor keywords -> our Param names.
+MODEL_KEYWORD_ALIASES = {"feature_columns": "feature_cols", "label_columns": "label_cols",
+                         "_metadata": "training_metadata"}
 
 
 # Horovod's spellings of some accessors (``setShufflingBufferSize``, ...) -> our Param names.
@@ -168,6 +202,13 @@ def _setter(name):
 def init_params(instance, kwargs: dict):
     """Sets the defaults of ``instance`` and then ``kwargs``, naming any unknown keyword."""
     instance._setDefault(**instance._param_defaults)
+    kwargs = dict(kwargs)
+    for alias, name in getattr(instance, "_keyword_aliases", {}).items():
+        if alias in kwargs:
+            if name in kwargs:
+                raise TypeError(f"{type(instance).__name__}: give {name} or {alias} (Horovod's "
+                                "name), not both")
+            kwargs[name] = kwargs.pop(alias)
     unknown = sorted(set(kwargs) - set(instance._param_defaults))
     if unknown:
         raise TypeError(f"{type(instance).__name__} got unknown parameter(s) {unknown}; "

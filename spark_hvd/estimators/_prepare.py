@@ -30,13 +30,16 @@ import contextlib
 import hashlib
 import json
 import math
+import posixpath
 import sys
+import threading
 import time
 
 from spark_hvd.estimators import _columns, _format
 from spark_hvd.estimators.store import Store
 
-__all__ = ["prepare_data", "load_metadata", "data_key_of"]
+__all__ = ["prepare_data", "load_metadata", "data_key_of", "describe_parquet", "check_columns",
+           "check_rank_rows", "dataset_in_use", "active_dataset"]
 
 # Row groups: at most this many rows, and about this many bytes (the loader shuffles across
 # row groups, so large files should have several).
@@ -298,6 +301,9 @@ def prepare_data(df, store: Store, *, num_proc: int, partitions_per_process: int
     key = data_key_of(df, [(c.name, types[c.name]) for c in columns], validation, num_files,
                       seed, vector_dtype)
     data_path = store.get_data_path(key)
+    split_dirs = {"train": store.get_train_data_path(key)}
+    if mode != "none":
+        split_dirs["val"] = store.get_val_data_path(key)
     if store.exists(store.join(data_path, _format.METADATA_FILE)):
         _log(verbose, f"reusing prepared data {key} ({data_path})")
         return load_metadata(store, key)
@@ -325,16 +331,17 @@ def prepare_data(df, store: Store, *, num_proc: int, partitions_per_process: int
     # 4. Write: N round-robin partitions (balanced row counts), one file per split each, written
     # by the task itself through the Store. train and val come from the same pass over the data,
     # so every row lands in exactly one split even if the input is re-read.
-    writer = _PartitionWriter(store, data_path, columns, has_val, int(row_group_size))
+    writer = _PartitionWriter(store, split_dirs, columns, int(row_group_size))
     written = (df.select(*exprs).repartition(num_files)
-               .mapInArrow(writer, "index int, path string, rows long").collect())
-    splits = _collect_splits(store, writer, written, num_files, has_val)
+               .mapInArrow(writer, "index int, split string, path string, rows long").collect())
+    splits = _collect_splits(writer, written, num_files)
 
     # 5. Split sizes are known only now for a random split: check before declaring it complete.
     try:
         _check_splits(splits, num_proc, mode, val_value)
     except ValueError:
-        store.delete(data_path)
+        for directory in split_dirs.values():
+            store.delete(directory)
         raise
     got = sum(s["total_rows"] for s in splits.values() if s)
     if got != total:
@@ -355,7 +362,8 @@ def prepare_data(df, store: Store, *, num_proc: int, partitions_per_process: int
     val = splits.get("val")
     _log(verbose, f"prepared data {key}: {splits['train']['total_rows']} train"
                   + (f" + {val['total_rows']} val" if val else "")
-                  + f" rows in {num_files} file(s) per split at {data_path} "
+                  + f" rows in {num_files} file(s) per split at "
+                  + " and ".join(split_dirs.values()) + " "
                   f"({time.monotonic() - started:.1f} s)")
     return metadata
 
@@ -492,21 +500,21 @@ def _check_splits(splits, num_proc, mode, val_value):
                          "larger fraction or more data")
 
 
-def _collect_splits(store, writer, written, num_files, has_val):
-    """Per-split file lists and row counts from the tasks' rows (sorted by index); writes an
-    empty file for any partition whose task reported nothing."""
-    splits = {s: {} for s in (("train", "val") if has_val else ("train",))}
+def _collect_splits(writer, written, num_files):
+    """Per-split directories, file lists and row counts from the tasks' rows (sorted by
+    index); writes an empty file for any partition whose task reported nothing."""
+    splits = {s: {} for s in writer.split_dirs}
     for r in written:
-        split = r["path"].split("/", 1)[0]
-        if r["index"] >= num_files or split not in splits:
-            raise RuntimeError(f"unexpected shard {r['path']} (index {r['index']}) from a "
-                               f"write task; expected {num_files} partitions")
-        splits[split][r["index"]] = (r["path"], r["rows"])
+        if r["index"] >= num_files or r["split"] not in splits:
+            raise RuntimeError(f"unexpected shard {r['split']}/{r['path']} (index {r['index']}) "
+                               f"from a write task; expected {num_files} partitions")
+        splits[r["split"]][r["index"]] = (r["path"], r["rows"])
     for split, found in splits.items():
         for index in range(num_files):
             if index not in found:
                 found[index] = (writer.write_empty(split, index), 0)
-    return {split: {"files": [found[i][0] for i in range(num_files)],
+    return {split: {"dir": writer.store.fs_path(writer.split_dirs[split]),
+                    "files": [found[i][0] for i in range(num_files)],
                     "rows": [int(found[i][1]) for i in range(num_files)],
                     "total_rows": int(sum(found[i][1] for i in range(num_files)))}
             for split, found in splits.items()}
@@ -514,11 +522,12 @@ def _collect_splits(store, writer, written, num_files, has_val):
 
 class _PartitionWriter:
     """The ``mapInArrow`` function: writes its partition's rows as one Parquet file per split
-    through the Store and yields one (index, path, rows) row per file. Pickled to executors."""
+    through the Store and yields one (index, split, file name, rows) row per file. Pickled to
+    executors."""
 
-    def __init__(self, store, data_path, columns, has_val, row_group_size):
-        self.store, self.data_path, self.columns = store, data_path, columns
-        self.has_val, self.row_group_size = has_val, row_group_size
+    def __init__(self, store, split_dirs, columns, row_group_size):
+        self.store, self.split_dirs, self.columns = store, split_dirs, columns
+        self.has_val, self.row_group_size = "val" in split_dirs, row_group_size
 
     def schema(self):
         import pyarrow as pa
@@ -526,12 +535,12 @@ class _PartitionWriter:
                           for c in self.columns])
 
     def write_empty(self, split, index):
-        """Write an empty shard (schema only) and return its relative path."""
+        """Write an empty shard (schema only) and return its file name."""
         import pyarrow.parquet as pq
-        rel = _format.part_file(split, index)
-        with self.store.atomic_writer(self.store.join(self.data_path, rel)) as f:
+        name = _format.part_file(index)
+        with self.store.atomic_writer(self.store.join(self.split_dirs[split], name)) as f:
             pq.ParquetWriter(f, self.schema()).close()
-        return rel
+        return name
 
     def __call__(self, batches):
         import pyarrow as pa
@@ -543,10 +552,10 @@ class _PartitionWriter:
         with contextlib.ExitStack() as stack:
             shards = {}
             for split in splits:
-                rel = _format.part_file(split, index)
+                name = _format.part_file(index)
                 f = stack.enter_context(
-                    self.store.atomic_writer(self.store.join(self.data_path, rel)))
-                shards[split] = _ShardFile(f, schema, self.row_group_size, rel)
+                    self.store.atomic_writer(self.store.join(self.split_dirs[split], name)))
+                shards[split] = _ShardFile(f, schema, self.row_group_size, name)
                 # Closed (footer written) before its atomic_writer renames it: LIFO.
                 stack.callback(shards[split].close)
             for batch in batches:
@@ -562,8 +571,8 @@ class _PartitionWriter:
         for split in splits:
             s = shards[split]
             yield pa.RecordBatch.from_arrays(
-                [pa.array([index], pa.int32()), pa.array([s.rel]), pa.array([s.rows], pa.int64())],
-                names=["index", "path", "rows"])
+                [pa.array([index], pa.int32()), pa.array([split]), pa.array([s.rel]),
+                 pa.array([s.rows], pa.int64())], names=["index", "split", "path", "rows"])
 
     def _convert(self, batch, schema):
         """The batch's training columns in the format's encoding (fixed_size_list for arrays)."""
@@ -617,3 +626,207 @@ class _ShardFile:
         if self.pending_rows:
             self._flush(full_only=False)
         self.writer.close()
+
+
+# -- data sets in use (Horovod's ``util.prepare_data`` blocks) ----------------------------------
+
+_in_use_lock = threading.Lock()
+_in_use: list = []          # (store, data_key) of the open prepare_data blocks, innermost last
+
+
+@contextlib.contextmanager
+def dataset_in_use(store: Store, data_key: str):
+    """Marks ``data_key`` as the data of an open ``util.prepare_data`` block on ``store``, for
+    :func:`active_dataset`."""
+    entry = (store, data_key)
+    with _in_use_lock:
+        _in_use.append(entry)
+    try:
+        yield data_key
+    finally:
+        with _in_use_lock:
+            _in_use.reverse()
+            _in_use.remove(entry)   # the innermost equal entry
+            _in_use.reverse()
+
+
+def active_dataset(store: Store) -> str | None:
+    """The data key of the innermost open ``util.prepare_data`` block on ``store`` (None
+    outside one)."""
+    with _in_use_lock:
+        for open_store, key in reversed(_in_use):
+            if open_store == store:
+                return key
+    return None
+
+
+# -- checks shared by fit and fit_on_parquet ----------------------------------------------------
+
+def check_columns(metadata: dict, feature_cols, label_cols, sample_weight_col=None) -> None:
+    """ValueError naming the columns a fit needs that the prepared data does not have."""
+    needed = list(feature_cols or []) + list(label_cols or [])
+    if sample_weight_col:
+        needed.append(sample_weight_col)
+    have = metadata.get("columns") or {}
+    missing = [c for c in dict.fromkeys(needed) if c not in have]
+    if missing:
+        raise ValueError(f"column(s) {missing} are not in the prepared data "
+                         f"{metadata.get('data_key')!r}, which has {sorted(have)}; prepare it "
+                         "with these columns")
+
+
+def check_rank_rows(metadata: dict, num_proc: int) -> None:
+    """ValueError unless every one of ``num_proc`` ranks owns training rows (rank ``r`` reads
+    the files ``i % num_proc == r``)."""
+    train = metadata["splits"]["train"]
+    rows = [sum(_format.files_of_rank(train["rows"], r, num_proc)) for r in range(num_proc)]
+    empty = [r for r, n in enumerate(rows) if n == 0]
+    if empty:
+        raise ValueError(
+            f"the training data has {len(train['files'])} file(s) with {train['rows']} rows, so "
+            f"rank(s) {empty} of num_proc={num_proc} would get no rows (rank r reads the files "
+            f"i % {num_proc} == r): write it as more files (df.repartition({num_proc} * k) "
+            "before .write.parquet), use util.prepare_data, or use fewer processes")
+
+
+# -- existing Parquet data (fit_on_parquet) -----------------------------------------------------
+
+_ARROW_DTYPES = {"int8": "int8", "int16": "int16", "int32": "int32", "int64": "int64",
+                 "float": "float32", "double": "float64", "bool": "bool"}
+
+
+def describe_parquet(store: Store, train_path: str, val_path: str | None, feature_cols,
+                     label_cols, sample_weight_col=None) -> dict:
+    """Metadata in the format of ``_format`` for existing Parquet data (directories of
+    Parquet files, as ``df.write.parquet`` writes them, or single files): files and rows from
+    the footers, column dtypes and shapes from the schema and the first row. Writes nothing.
+
+    ValueError, naming the path and column, when a path holds no Parquet files, a column is
+    missing or has a type the loader cannot train on (strings, structs such as Spark ML
+    vectors, nested lists, ...), or the files disagree on a column's type."""
+    columns = list(dict.fromkeys(list(feature_cols or []) + list(label_cols or [])
+                                 + ([sample_weight_col] if sample_weight_col else [])))
+    splits = {"train": _describe_split(store, train_path, "training")}
+    splits["val"] = (_describe_split(store, val_path, "validation")
+                     if val_path is not None else None)
+    specs = _parquet_columns(store, splits["train"], columns, train_path)
+    if splits["val"] is not None:
+        val_specs = _parquet_columns(store, splits["val"], columns, val_path)
+        for name, spec in specs.items():
+            if val_specs[name] != spec:
+                raise ValueError(f"column {name!r} is {spec} in the training data "
+                                 f"({train_path}) but {val_specs[name]} in the validation "
+                                 f"data ({val_path})")
+    if splits["train"]["total_rows"] == 0:
+        raise ValueError(f"the training data at {train_path} has no rows")
+    blob = json.dumps([train_path, val_path, splits], sort_keys=True).encode()
+    return {
+        "format_version": _format.FORMAT_VERSION,
+        "data_key": "parquet-" + hashlib.sha256(blob).hexdigest()[:16],
+        "feature_cols": list(feature_cols or []), "label_cols": list(label_cols or []),
+        "sample_weight_col": sample_weight_col,
+        "columns": specs,
+        "splits": splits,
+    }
+
+
+def _describe_split(store, path, what):
+    import pyarrow.parquet as pq
+    if not store.exists(path):
+        raise ValueError(f"the {what} data {path} does not exist (in {store!r})")
+    if store.isdir(path):
+        directory = path
+        names = [n for n in store.listdir(path) if not n.startswith(("_", "."))]
+        subdirs = [n for n in names if store.isdir(store.join(path, n))]
+        if subdirs:
+            raise ValueError(f"the {what} data {path} has subdirectories {subdirs[:3]}: "
+                             "partitioned Parquet data sets are not supported; write it "
+                             "without partitionBy, or use fit(df)")
+    else:
+        directory, name = posixpath.split(path.rstrip("/"))
+        names = [name]
+    if not names:
+        raise ValueError(f"the {what} data {path} holds no Parquet files")
+    rows = []
+    for name in names:
+        try:
+            with store.open_input(store.join(directory, name)) as f:
+                rows.append(pq.ParquetFile(f).metadata.num_rows)
+        except Exception as e:  # noqa: BLE001 - say which file is not Parquet
+            raise ValueError(f"{store.join(directory, name)} in the {what} data is not a "
+                             f"readable Parquet file: {e}") from e
+    return {"dir": store.fs_path(directory), "files": names, "rows": rows,
+            "total_rows": int(sum(rows)), "_store_dir": directory}
+
+
+def _parquet_columns(store, split, columns, path):
+    """Column name -> {dtype, shape, kind} from the split's files (and the first row of list
+    columns); checks every file has the same types."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    directory = split.pop("_store_dir")
+    specs, first_type = {}, {}
+    for name, n_rows in zip(split["files"], split["rows"]):
+        with store.open_input(store.join(directory, name)) as f:
+            pf = pq.ParquetFile(f)
+            schema = pf.schema_arrow
+            for col in columns:
+                index = schema.get_field_index(col)
+                if index < 0:
+                    raise ValueError(f"column {col!r} is not in {path} (file {name} has "
+                                     f"{schema.names})")
+                t = schema.field(index).type
+                if col in first_type:
+                    if t != first_type[col]:
+                        raise ValueError(f"column {col!r} is {first_type[col]} in one file of "
+                                         f"{path} but {t} in {name}")
+                    if specs[col]["shape"] == [-1] and n_rows:
+                        specs[col]["shape"] = [_first_length(pf, col, name)]
+                    continue
+                first_type[col] = t
+                leaf, kind = t, "scalar"
+                if pa.types.is_fixed_size_list(t) or pa.types.is_list(t) or \
+                        pa.types.is_large_list(t):
+                    leaf, kind = t.value_type, "array"
+                dtype = _ARROW_DTYPES.get(str(leaf))
+                if dtype is None or pa.types.is_nested(leaf):
+                    raise ValueError(
+                        f"column {col!r} of {path} has type {t}: train on numeric or boolean "
+                        "columns, or lists of them with one length in every row; Spark ML "
+                        "vectors and other structs, strings and nested lists need fit(df) "
+                        "or util.prepare_data, which convert them")
+                if kind == "scalar":
+                    shape = []
+                elif pa.types.is_fixed_size_list(t):
+                    shape = [t.list_size]
+                else:   # the loader checks that every row has this length
+                    shape = [_first_length(pf, col, name)] if n_rows else [-1]
+                specs[col] = {"dtype": dtype, "shape": shape, "kind": kind}
+    unknown = [c for c, spec in specs.items() if spec["shape"] == [-1]]
+    if unknown:
+        raise ValueError(f"column(s) {unknown} of {path}: every file is empty, so their "
+                         "length is unknown")
+    return specs
+
+
+def _first_length(parquet_file, col, name):
+    for group in range(parquet_file.metadata.num_row_groups):
+        values = parquet_file.read_row_group(group, columns=[col]).column(0)
+        if len(values):
+            first = values[0]
+            if not first.is_valid:
+                raise ValueError(f"column {col!r} has a null list in {name}")
+            return len(first)
+    return -1
+
+
+def dataset_properties(store: Store, data_key: str):
+    """Horovod's ``get_dataset_properties``: ``(train_rows, val_rows, metadata,
+    avg_row_size)`` of prepared data ``data_key`` (row size in bytes, as decoded)."""
+    metadata = load_metadata(store, data_key)
+    import numpy as np
+    row_bytes = sum(np.dtype(c["dtype"]).itemsize * math.prod(c["shape"])
+                    for c in metadata["columns"].values())
+    val = metadata["splits"].get("val")
+    return (metadata["splits"]["train"]["total_rows"], val["total_rows"] if val else 0,
+            metadata, row_bytes)

@@ -45,6 +45,10 @@ _KERAS_ESTIMATOR_PARAMS.update({
                             "spark_hvd.keras.callbacks.BestModelCheckpoint); its filepath is "
                             "set by the estimator, and the model it saved last is the model "
                             "fit returns", None, None),
+    "backend_env": ("Horovod's: environment variables for the training ranks (env, when set, "
+                    "wins); default Horovod's {'LIBHDFS_OPTS': '-Xms2048m -Xmx2048m'}, the "
+                    "JVM heap of libhdfs for an HDFSStore", None,
+                    {"LIBHDFS_OPTS": "-Xms2048m -Xmx2048m"}),
 })
 
 _KERAS_MODEL_PARAMS = dict(_params.COMMON_MODEL_PARAMS)
@@ -82,9 +86,9 @@ class KerasEstimator(DistributedEstimator):
 
     Params (each also has ``getX``/``setX``, e.g. ``setEpochs(5)``): see
     ``spark_hvd.estimators._params.COMMON_ESTIMATOR_PARAMS`` for the shared ones; Keras adds
-    ``custom_objects`` and ``checkpoint_callback``. ``model`` is a ``keras.Model`` (compiled
-    or not) taking one input per feature column (reshaped by ``input_shapes``) and giving one
-    output per label column; ``optimizer`` a Keras optimizer (default: the model's compiled
+    ``custom_objects``, ``checkpoint_callback`` and ``backend_env``. ``model`` is a
+    ``keras.Model`` (compiled or not) taking one input per feature column (reshaped by
+    ``input_shapes``) and giving one output per label column; ``optimizer`` a Keras optimizer (default: the model's compiled
     one); ``loss`` a Keras loss or one per output (default: the compiled one), combined with
     ``loss_weights``; ``metrics`` Keras metrics (names, functions or Metric objects);
     ``callbacks`` Keras callbacks run on every rank. Nothing is scaled unless asked
@@ -143,6 +147,11 @@ class KerasEstimator(DistributedEstimator):
 
     def _remote_trainer(self):
         return train_on_rank
+
+    def _run_env(self) -> dict:
+        env = dict(self.getBackendEnv() or {})
+        env.update(super()._run_env())
+        return env
 
     def _create_model(self, result, metadata, run_id):
         custom_objects = self.getCustomObjects()

@@ -142,7 +142,8 @@ class ShardReader:
 
     Args:
         filesystem: ``pyarrow.fs.FileSystem`` holding the data (``store.filesystem``).
-        data_path: base path of the prepared data (``store.get_data_path(key)``).
+        data_path: base path of the prepared data (``store.fs_path(store.get_data_path(key))``);
+            the files of a split whose metadata names its ``dir`` are read from there.
         metadata: the parsed ``_metadata.json`` dict.
         split: ``"train"`` or ``"val"``.
         rank, size: this rank and the number of ranks; rank ``r`` reads files ``i % size == r``.
@@ -223,7 +224,9 @@ class ShardReader:
         self._rank, self._size = rank, size
         self._files = _format.files_of_rank(files, rank, size)
         self._file_rows = _format.files_of_rank(rows, rank, size)
-        self._paths = [_join(data_path, f) for f in self._files]
+        # Each split names its directory (format 2); data_path is the fallback.
+        split_dir = split_info.get("dir") or data_path
+        self._paths = [_join(split_dir, f) for f in self._files]
         self._rows = sum(self._file_rows)
         self._batch_size = batch_size
         self._columns = columns

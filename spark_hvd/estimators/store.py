@@ -1,15 +1,20 @@
 """Where the estimators keep prepared data, checkpoints and logs: a directory tree under one
-prefix, on a local disk, HDFS, or anything fsspec reaches (s3://, gs://, abfs://, ...).
+prefix, on a local disk, HDFS, or anything fsspec reaches (s3://, gs://, abfs://, ...). The
+constructors, layout and methods are Horovod's (``horovod.spark.common.store``), so a Horovod
+script's Store works unchanged.
 
     store = Store.create("/tmp/spark_hvd_store")   # LocalStore
     store = Store.create("hdfs://nn:8020/user/me")  # HDFSStore
     store = Store.create("s3://bucket/prefix")      # FilesystemStore (needs s3fs)
     store = Store.create("dbfs:/ml/store")          # DBFSLocalStore: /dbfs/ml/store (Databricks)
+    store = LocalStore("/tmp/s", train_path="/data/train", val_path="/data/val",
+                       save_runs=False)             # Horovod's keywords
 
-Layout under the prefix::
+Layout under the prefix (each part movable with Horovod's keywords)::
 
-    intermediate/<data_key>/        prepared training data (see ``_format``)
-    runs/<run_id>/checkpoints/      epoch-<n>.<ext>, written atomically
+    intermediate_train_data.<data_key>/   prepared training shards + _metadata.json  (train_path)
+    intermediate_val_data.<data_key>/     prepared validation shards                 (val_path)
+    runs/<run_id>/checkpoints/            <checkpoint_filename>-<epoch>.<ext>, atomic (runs_path)
     runs/<run_id>/logs/
 
 A Store is shipped to Spark executors and training ranks, so it pickles as its URL and options
@@ -31,19 +36,24 @@ import posixpath
 import re
 import shutil
 import subprocess
+import tempfile
 import uuid
 from urllib.parse import urlparse
 
-__all__ = ["Store", "LocalStore", "DBFSLocalStore", "HDFSStore", "FilesystemStore"]
+__all__ = ["Store", "AbstractFilesystemStore", "LocalStore", "DBFSLocalStore", "HDFSStore",
+           "FilesystemStore"]
 
-DATA_DIR = "intermediate"
+# Horovod's default locations under the prefix.
+TRAIN_DIR = "intermediate_train_data"
+VAL_DIR = "intermediate_val_data"
+TEST_DIR = "intermediate_test_data"
 RUNS_DIR = "runs"
 CHECKPOINTS_DIR = "checkpoints"
 LOGS_DIR = "logs"
+DEFAULT_CHECKPOINT_FILENAME = "epoch"
 
 # Temporary files of atomic_writer: hidden (leading dot) and tagged, so listings can skip them.
 _TMP_TAG = ".tmp-"
-_CHECKPOINT_RE = re.compile(r"^epoch-(\d+)\.([A-Za-z0-9_.]+)$")
 
 
 def _is_temp(name: str) -> bool:
@@ -63,35 +73,68 @@ def _scheme(url: str) -> str:
 class Store:
     """Base class: a directory tree under ``prefix_path`` with atomic writes.
 
-    Subclasses provide :attr:`filesystem` (a ``pyarrow.fs.FileSystem``) and :meth:`fs_path`
-    (a Store path → that filesystem's path); every other operation is built on those two.
-    Paths given to and returned by a Store are strings in the Store's own form (a local path
-    for LocalStore, a full URL otherwise), as returned by the ``get_*`` methods and :meth:`join`.
+    Subclasses provide :attr:`filesystem` (a ``pyarrow.fs.FileSystem``), :meth:`fs_path`
+    (a Store path → that filesystem's path) and :meth:`get_full_path` (a path given by the user
+    → a Store path); every other operation is built on those. Paths given to and returned by a
+    Store are strings in the Store's own form (a local path for LocalStore, a full URL
+    otherwise), as returned by the ``get_*`` methods and :meth:`join`.
+
+    Horovod's keywords (every subclass takes them):
+        train_path, val_path, test_path: where prepared training / validation / test data
+            goes (default ``<prefix>/intermediate_train_data`` etc.); data set ``<key>`` is in
+            ``<train_path>.<key>``. ``fit_on_parquet()`` reads ``train_path`` and ``val_path``
+            themselves: point them at existing Parquet data to train on it.
+        runs_path: where runs go (default ``<prefix>/runs``).
+        save_runs: False writes no checkpoints or logs (a fit then cannot be resumed).
+        storage_options: options of the fsspec filesystem (FilesystemStore only).
+        checkpoint_filename: the name checkpoint files start with (default ``"epoch"``:
+            ``epoch-00003.pt``).
     """
 
-    def __init__(self, prefix_path: str):
+    def __init__(self, prefix_path: str, train_path: str | None = None,
+                 val_path: str | None = None, test_path: str | None = None,
+                 runs_path: str | None = None, save_runs: bool = True,
+                 storage_options: dict | None = None, checkpoint_filename: str | None = None):
         self._prefix = prefix_path.rstrip("/") or "/"
         self._fs = None
-        self._save_runs = True
+        self._save_runs = bool(save_runs)
+        self.storage_options = storage_options
+        if checkpoint_filename is not None and (not checkpoint_filename
+                                                or "/" in checkpoint_filename):
+            raise ValueError(f"checkpoint_filename={checkpoint_filename!r}: give a file name "
+                             "(no directories)")
+        self.checkpoint_filename = checkpoint_filename or DEFAULT_CHECKPOINT_FILENAME
+        self._checkpoint_re = re.compile(
+            "^" + re.escape(self.checkpoint_filename) + r"-(\d+)\.([A-Za-z0-9_.]+)$")
+        self._train_path = self._path_or_default(train_path, TRAIN_DIR)
+        self._val_path = self._path_or_default(val_path, VAL_DIR)
+        self._test_path = self._path_or_default(test_path, TEST_DIR)
+        self._runs_path = self._path_or_default(runs_path, RUNS_DIR)
+
+    def _path_or_default(self, path, default_name):
+        if path is None:
+            return self.join(self._prefix, default_name)
+        return self.get_full_path(str(path)).rstrip("/") or "/"
 
     @staticmethod
-    def create(prefix_path: str, **kwargs) -> "Store":
+    def create(prefix_path: str, *args, **kwargs) -> "Store":
         """The Store for ``prefix_path``, chosen by its scheme.
 
         ``dbfs:/...`` or a path under ``/dbfs`` → :class:`DBFSLocalStore` (Databricks' local DBFS
         mount, as in Horovod); any other path or ``file://`` → :class:`LocalStore`;
         ``hdfs://`` → :class:`HDFSStore`;
-        anything else → :class:`FilesystemStore` (fsspec). ``kwargs`` go to that class
-        (for fsspec: the filesystem's storage options, e.g. ``key=``/``secret=`` for s3).
+        anything else → :class:`FilesystemStore` (fsspec). ``args`` and ``kwargs`` go to that
+        class: Horovod's keywords (``train_path``, ``save_runs``, ...) and its own (for fsspec:
+        ``storage_options``, e.g. ``key=``/``secret=`` for s3).
         """
         if DBFSLocalStore.matches_dbfs(prefix_path):
-            return DBFSLocalStore(prefix_path, **kwargs)
+            return DBFSLocalStore(prefix_path, *args, **kwargs)
         scheme = _scheme(prefix_path)
         if scheme in ("", "file"):
-            return LocalStore(prefix_path, **kwargs)
+            return LocalStore(prefix_path, *args, **kwargs)
         if scheme == "hdfs":
-            return HDFSStore(prefix_path, **kwargs)
-        return FilesystemStore(prefix_path, **kwargs)
+            return HDFSStore(prefix_path, *args, **kwargs)
+        return FilesystemStore(prefix_path, *args, **kwargs)
 
     # -- pickling: URL and options travel, the filesystem client is rebuilt lazily ----------
 
@@ -125,9 +168,37 @@ class Store:
             path = path.rstrip("/") + "/" + name.lstrip("/")
         return path
 
+    def get_full_path(self, path: str) -> str:
+        """``path`` as a Store path (Horovod's name): a relative local path made absolute, a
+        path without a scheme given this Store's."""
+        raise NotImplementedError
+
+    def get_localized_path(self, path: str) -> str:
+        """``path`` as :attr:`fs` takes it (Horovod's name for :meth:`fs_path`)."""
+        return self.fs_path(path)
+
+    @staticmethod
+    def _indexed(path: str, idx) -> str:
+        return path if idx is None else f"{path}.{idx}"
+
+    def get_train_data_path(self, idx=None) -> str:
+        """``train_path``, or with ``idx`` (a data key, as ``util.prepare_data`` yields it)
+        the directory of that prepared data set's training shards: ``<train_path>.<idx>``."""
+        return self._indexed(self._train_path, idx)
+
+    def get_val_data_path(self, idx=None) -> str:
+        """``val_path``, or with ``idx`` ``<val_path>.<idx>`` (validation shards)."""
+        return self._indexed(self._val_path, idx)
+
+    def get_test_data_path(self, idx=None) -> str:
+        """``test_path``, or with ``idx`` ``<test_path>.<idx>`` (nothing is written there by
+        spark_hvd; Horovod has it too)."""
+        return self._indexed(self._test_path, idx)
+
     def get_data_path(self, data_key: str) -> str:
-        """Directory of the prepared data set ``data_key`` (``intermediate/<data_key>``)."""
-        return self.join(self._prefix, DATA_DIR, data_key)
+        """Directory of prepared data set ``data_key``'s ``_metadata.json`` (its training
+        shards' directory, ``<train_path>.<data_key>``)."""
+        return self.get_train_data_path(data_key)
 
     def saving_runs(self) -> bool:
         """Whether fits write checkpoints and logs under ``runs/`` (Horovod's ``save_runs``)."""
@@ -135,46 +206,98 @@ class Store:
 
     def get_runs_path(self) -> str:
         """Directory holding every training run (``runs``)."""
-        return self.join(self._prefix, RUNS_DIR)
+        return self._runs_path
 
     def get_run_path(self, run_id: str) -> str:
         """Directory of training run ``run_id`` (``runs/<run_id>``)."""
         return self.join(self.get_runs_path(), run_id)
 
-    def get_checkpoint_path(self, run_id: str) -> str:
-        """Directory of run ``run_id``'s checkpoints (``runs/<run_id>/checkpoints``)."""
+    def get_checkpoint_path(self, run_id: str) -> str | None:
+        """Directory of run ``run_id``'s checkpoints (``runs/<run_id>/checkpoints``); None
+        when the Store does not save runs."""
+        if not self._save_runs:
+            return None
         return self.join(self.get_run_path(run_id), CHECKPOINTS_DIR)
 
-    def get_logs_path(self, run_id: str) -> str:
-        """Directory of run ``run_id``'s logs (``runs/<run_id>/logs``)."""
-        return self.join(self.get_run_path(run_id), LOGS_DIR)
+    def get_logs_subdir(self) -> str:
+        """The name of a run's log directory (``logs``)."""
+        return LOGS_DIR
 
-    @staticmethod
-    def get_checkpoint_filename(epoch: int, ext: str = "pt") -> str:
-        """File name of the checkpoint after ``epoch``: ``epoch-<epoch, 5 digits>.<ext>``."""
-        return f"epoch-{int(epoch):05d}.{ext.lstrip('.')}"
+    def get_logs_path(self, run_id: str) -> str | None:
+        """Directory of run ``run_id``'s logs (``runs/<run_id>/logs``, TensorBoard's logdir
+        of the run); None when the Store does not save runs."""
+        if not self._save_runs:
+            return None
+        return self.join(self.get_run_path(run_id), self.get_logs_subdir())
+
+    def get_checkpoint_filename(self) -> str:
+        """The name every checkpoint file starts with (``checkpoint_filename``, default
+        ``"epoch"``): the checkpoint after epoch 3 is ``<name>-00003.<ext>``."""
+        return self.checkpoint_filename
 
     def get_checkpoint_file(self, run_id: str, epoch: int, ext: str = "pt") -> str:
         """Full path of run ``run_id``'s checkpoint after ``epoch``
         (write it with :meth:`atomic_writer`)."""
-        return self.join(self.get_checkpoint_path(run_id), self.get_checkpoint_filename(epoch, ext))
+        if not self._save_runs:
+            raise ValueError(f"{self!r} was made with save_runs=False: it keeps no checkpoints")
+        name = f"{self.checkpoint_filename}-{int(epoch):05d}.{ext.lstrip('.')}"
+        return self.join(self.get_checkpoint_path(run_id), name)
 
     def list_checkpoints(self, run_id: str) -> list[tuple[int, str]]:
         """``[(epoch, path), ...]`` of run ``run_id``'s checkpoints, sorted by epoch.
 
-        Only files named ``epoch-<int>.<ext>`` count; temporary files of an interrupted write are
-        never listed, so the last entry is always a complete checkpoint. Empty when the run has
-        none (or does not exist).
+        Only files named ``<checkpoint_filename>-<int>.<ext>`` count; temporary files of an
+        interrupted write are never listed, so the last entry is always a complete checkpoint.
+        Empty when the run has none (or does not exist, or runs are not saved).
         """
         directory = self.get_checkpoint_path(run_id)
-        if not self.exists(directory):
+        if directory is None or not self.exists(directory):
             return []
         found = []
         for name in self.listdir(directory):
-            m = _CHECKPOINT_RE.match(name)
+            m = self._checkpoint_re.match(name)
             if m and not _is_temp(name):
                 found.append((int(m.group(1)), self.join(directory, name)))
         return sorted(found)
+
+    def get_checkpoints(self, run_id: str, suffix: str | None = None) -> list[str]:
+        """Paths of run ``run_id``'s checkpoints, oldest epoch first (Horovod's method); with
+        ``suffix`` only those ending with it (``".pt"`` Torch, ``".keras"`` Keras)."""
+        return [path for _, path in self.list_checkpoints(run_id)
+                if suffix is None or path.endswith(suffix)]
+
+    def get_local_output_dir_fn(self, run_id: str):
+        """A function returning a context manager that yields a fresh local directory for
+        run ``run_id``'s output, deleted on exit (Horovod's; copy it into the run with
+        :meth:`sync_fn`)."""
+        @contextlib.contextmanager
+        def local_run_path():
+            with tempfile.TemporaryDirectory(prefix=f"spark_hvd_{run_id}_") as directory:
+                yield directory
+        return local_run_path
+
+    def sync_fn(self, run_id: str):
+        """A picklable function ``fn(local_dir)`` that copies everything under ``local_dir``
+        into ``runs/<run_id>/`` (each file atomically, overwriting)."""
+        return _SyncToRun(self, run_id)
+
+    def to_remote(self, run_id: str, dataset_idx=None):
+        """A plain object with the paths and functions a training process needs (Horovod's
+        RemoteStore): ``train_data_path``, ``val_data_path``, ``test_data_path``,
+        ``saving_runs``, ``runs_path``, ``run_path``, ``checkpoint_path``, ``logs_path``,
+        ``checkpoint_filename``, ``logs_subdir``, ``get_local_output_dir``, ``sync``, and
+        ``store`` (this Store)."""
+        return RemoteStore(
+            train_data_path=self.get_train_data_path(dataset_idx),
+            val_data_path=self.get_val_data_path(dataset_idx),
+            test_data_path=self.get_test_data_path(dataset_idx),
+            saving_runs=self.saving_runs(), runs_path=self.get_runs_path(),
+            run_path=self.get_run_path(run_id), checkpoint_path=self.get_checkpoint_path(run_id),
+            logs_path=self.get_logs_path(run_id),
+            checkpoint_filename=self.get_checkpoint_filename(),
+            logs_subdir=self.get_logs_subdir(),
+            get_local_output_dir=self.get_local_output_dir_fn(run_id),
+            sync=self.sync_fn(run_id), store=self)
 
     # -- filesystem ------------------------------------------------------------------------
 
@@ -206,10 +329,38 @@ class Store:
         import pyarrow.fs as pafs
         return self._info(path).type == pafs.FileType.Directory
 
+    @property
+    def fs(self):
+        """This Store's filesystem as an ``fsspec`` filesystem (Horovod's ``store.fs``); give it
+        paths translated with :meth:`get_localized_path`."""
+        from fsspec.implementations.arrow import ArrowFSWrapper
+        return ArrowFSWrapper(self.filesystem)
+
+    def get_filesystem(self):
+        """:attr:`fs` (Horovod's method)."""
+        return self.fs
+
     def read_bytes(self, path: str) -> bytes:
         """The whole content of file ``path``."""
         with self.filesystem.open_input_stream(self.fs_path(path)) as f:
             return f.read()
+
+    def read(self, path: str) -> bytes:
+        """The whole content of file ``path`` (Horovod's name for :meth:`read_bytes`)."""
+        return self.read_bytes(path)
+
+    def get_parquet_dataset(self, path: str):
+        """The Parquet data set (a directory of Parquet files, or one file) at ``path`` as a
+        ``pyarrow.parquet.ParquetDataset``."""
+        import pyarrow.parquet as pq
+        return pq.ParquetDataset(self.fs_path(path), filesystem=self.filesystem)
+
+    def is_parquet_dataset(self, path: str) -> bool:
+        """Whether ``path`` holds a readable Parquet data set with at least one file."""
+        try:
+            return bool(self.get_parquet_dataset(path).files)
+        except Exception:  # noqa: BLE001 - missing, not Parquet, unreadable: all mean no
+            return False
 
     def write_bytes(self, path: str, data: bytes) -> None:
         """Write ``data`` to ``path`` atomically (parent directories are created)."""
@@ -288,7 +439,40 @@ class Store:
         self.filesystem.move(tmp, target)
 
 
-class LocalStore(Store):
+class RemoteStore:
+    """What :meth:`Store.to_remote` returns: the run's paths and functions as attributes."""
+
+    def __init__(self, **attributes):
+        self.__dict__.update(attributes)
+
+    def __repr__(self):
+        return f"RemoteStore(run_path={self.run_path!r})"
+
+
+class _SyncToRun:
+    """:meth:`Store.sync_fn`'s function: copies a local directory tree into a run's directory
+    (picklable: it carries the Store, which rebuilds its filesystem where it is called)."""
+
+    def __init__(self, store: Store, run_id: str):
+        self.store, self.run_id = store, run_id
+
+    def __call__(self, local_dir: str) -> None:
+        run_path = self.store.get_run_path(self.run_id)
+        for directory, _, files in os.walk(local_dir):
+            rel = os.path.relpath(directory, local_dir)
+            for name in files:
+                target = run_path if rel == "." else self.store.join(run_path, rel)
+                with open(os.path.join(directory, name), "rb") as f:
+                    self.store.write_bytes(self.store.join(target, name), f.read())
+
+
+class AbstractFilesystemStore(Store):
+    """Base of the Stores on a filesystem (Horovod's name): LocalStore, HDFSStore,
+    FilesystemStore and DBFSLocalStore derive from it. A Store of your own derives from it and
+    provides ``_make_filesystem``, ``fs_path`` and ``get_full_path``."""
+
+
+class LocalStore(AbstractFilesystemStore):
     """A Store on a local (or network-mounted) directory: a plain path or a ``file://`` URL.
 
     Every executor must see the same directory at the same path (one machine, or a shared
@@ -296,10 +480,14 @@ class LocalStore(Store):
     are fsync'ed before the rename, so a checkpoint survives a machine crash whole.
     """
 
-    def __init__(self, prefix_path: str):
-        if _scheme(prefix_path) == "file":
-            prefix_path = urlparse(prefix_path).path
-        super().__init__(os.path.abspath(os.path.expanduser(prefix_path)))
+    def __init__(self, prefix_path: str, *args, **kwargs):
+        super().__init__(self.get_full_path(prefix_path), *args, **kwargs)
+
+    def get_full_path(self, path: str) -> str:
+        """``path`` as an absolute local path (``file://`` and ``~`` resolved)."""
+        if _scheme(path) == "file":
+            path = urlparse(path).path
+        return os.path.abspath(os.path.expanduser(path))
 
     def _make_filesystem(self):
         import pyarrow.fs as pafs
@@ -352,7 +540,7 @@ class DBFSLocalStore(LocalStore):
 
     MOUNT = "/dbfs"
 
-    def __init__(self, prefix_path: str):
+    def __init__(self, prefix_path: str, *args, **kwargs):
         path = self.normalize_databricks_path(prefix_path)
         if not (path + "/").startswith(self.MOUNT + "/"):
             raise ValueError(f"DBFSLocalStore({prefix_path!r}): not a DBFS path; give dbfs:/..., "
@@ -361,7 +549,11 @@ class DBFSLocalStore(LocalStore):
             raise ValueError(f"DBFSLocalStore({prefix_path!r}): the DBFS mount {self.MOUNT} is "
                              "missing on this machine (it exists on Databricks); use a shared "
                              "directory, hdfs:// or an fsspec URL (s3://, abfs://, ...) instead")
-        super().__init__(path)
+        super().__init__(path, *args, **kwargs)
+
+    def get_full_path(self, path: str) -> str:
+        """``path`` (any DBFS spelling, or a local path) as a path under the mount."""
+        return super().get_full_path(self.normalize_databricks_path(path))
 
     @classmethod
     def matches_dbfs(cls, path: str) -> bool:
@@ -382,11 +574,14 @@ class DBFSLocalStore(LocalStore):
     normalize_datbricks_path = normalize_databricks_path
 
 
-class HDFSStore(Store):
+class HDFSStore(AbstractFilesystemStore):
     """A Store on HDFS through ``pyarrow.fs.HadoopFileSystem`` (libhdfs over JNI).
 
-    ``prefix_path`` is ``hdfs://namenode:port/path``, or ``hdfs:///path`` for the cluster's
-    default filesystem (``fs.defaultFS`` of the Hadoop configuration). Needs, on the driver and
+    ``prefix_path`` is ``hdfs://namenode:port/path``, or ``hdfs:///path`` or ``/path`` for the
+    cluster's default filesystem (``fs.defaultFS`` of the Hadoop configuration); ``host`` and
+    ``port`` override the URL's. Horovod's ``driver`` argument is accepted: PyArrow has only
+    libhdfs now. Paths without a scheme given to the Store (``train_path=``, ...) are on the
+    same namenode. Needs, on the driver and
     every executor: Java (``JAVA_HOME``), libhdfs (``ARROW_LIBHDFS_DIR`` or
     ``$HADOOP_HOME/lib/native``) and the Hadoop jars on ``CLASSPATH`` (when unset it is filled
     from ``hadoop classpath --glob`` if the ``hadoop`` command is on PATH).
@@ -398,11 +593,19 @@ class HDFSStore(Store):
 
     def __init__(self, prefix_path: str, host: str | None = None, port: int | None = None,
                  user: str | None = None, kerb_ticket: str | None = None,
-                 extra_conf: dict | None = None):
+                 driver: str = "libhdfs", extra_conf: dict | None = None, *args, **kwargs):
+        scheme = _scheme(prefix_path)
+        if scheme == "":
+            prefix_path = "hdfs://" + prefix_path   # "/user/me" -> "hdfs:///user/me"
+        elif scheme != "hdfs":
+            raise ValueError(f"HDFSStore needs an hdfs:// URL or an HDFS path, got "
+                             f"{prefix_path!r}")
         parsed = urlparse(prefix_path)
-        if parsed.scheme != "hdfs":
-            raise ValueError(f"HDFSStore needs an hdfs:// URL, got {prefix_path!r}")
-        super().__init__(prefix_path)
+        if not parsed.path:
+            raise ValueError(f"HDFSStore({prefix_path!r}): the URL has no path")
+        # "hdfs://nn:8020" of the prefix: the namenode other paths without a scheme are on.
+        self._url_prefix = prefix_path[:len(prefix_path) - len(parsed.path)]
+        super().__init__(prefix_path, *args, **kwargs)
         self._host = host if host is not None else (parsed.hostname or "default")
         self._port = port if port is not None else (parsed.port or 0)
         self._user = user
@@ -427,6 +630,14 @@ class HDFSStore(Store):
             problems = hdfs_environment_problems()
             hint = ("; ".join(problems)) if problems else "check the namenode address"
             raise OSError(f"cannot connect to HDFS at {self._prefix}: {e} ({hint})") from e
+
+    def get_full_path(self, path: str) -> str:
+        """``path`` as an ``hdfs://`` URL on this Store's namenode."""
+        if _scheme(path) == "hdfs":
+            return path
+        if _scheme(path):
+            raise ValueError(f"HDFSStore: {path!r} is not on HDFS")
+        return self._url_prefix + "/" + path.lstrip("/")
 
     def fs_path(self, path: str) -> str:
         """The path part of an ``hdfs://`` URL (what HadoopFileSystem takes)."""
@@ -473,29 +684,54 @@ def hdfs_environment_problems() -> list[str]:
     return problems
 
 
-class FilesystemStore(Store):
+class FilesystemStore(AbstractFilesystemStore):
     """A Store on any fsspec filesystem: ``s3://``, ``gs://``, ``abfs://``, ``memory://``,
-    ``file://``, chained URLs such as ``simplecache::s3://...``.
+    ``file://`` (a plain local path too, as in Horovod), chained URLs such as
+    ``simplecache::s3://...``.
 
-    ``storage_options`` (keyword arguments) go to the fsspec filesystem, e.g.
-    ``FilesystemStore("s3://bucket/x", key=..., secret=..., client_kwargs={...})``; they are
+    ``storage_options`` (Horovod's dict keyword, or loose keyword arguments) go to the fsspec
+    filesystem, e.g. ``FilesystemStore("s3://bucket/x", storage_options={"key": ...})`` or
+    ``FilesystemStore("s3://bucket/x", key=..., secret=...)``; they are
     pickled with the Store, so prefer credentials from the environment on shared clusters.
     The protocol's implementation package (s3fs, gcsfs, adlfs, ...) must be installed on the
-    driver and every executor.
+    driver and every executor. Horovod's other keywords (``train_path``, ``save_runs``, ...)
+    are those of :class:`Store`.
 
     ``memory://`` lives inside one Python process: it works for a Store used in one process,
     but not across Spark's Python workers (data prepared there is invisible to the driver).
     """
 
-    def __init__(self, prefix_path: str, **storage_options):
+    def __init__(self, prefix_path: str, train_path: str | None = None,
+                 val_path: str | None = None, test_path: str | None = None,
+                 runs_path: str | None = None, save_runs: bool = True,
+                 storage_options: dict | None = None, checkpoint_filename: str | None = None,
+                 **more_storage_options):
+        if not _scheme(prefix_path):
+            prefix_path = _local_uri(prefix_path)
         protocol = _scheme(prefix_path)
-        if not protocol:
-            raise ValueError(f"FilesystemStore needs a URL with a protocol (s3://..., "
-                             f"memory://...), got {prefix_path!r}; use LocalStore for a path")
         _check_fsspec_protocol(protocol, prefix_path)
-        super().__init__(prefix_path)
-        self._storage_options = storage_options
+        self._protocol = protocol
+        options = dict(storage_options or {})
+        options.update(more_storage_options)
+        super().__init__(prefix_path, train_path=train_path, val_path=val_path,
+                         test_path=test_path, runs_path=runs_path, save_runs=save_runs,
+                         storage_options=options, checkpoint_filename=checkpoint_filename)
+        self._storage_options = options
         self._root = None  # the prefix as the fsspec filesystem spells it
+
+    def get_full_path(self, path: str) -> str:
+        """``path`` as a URL: kept if it has a protocol, else on this Store's protocol (a
+        ``file://`` URL of the absolute path for a local Store)."""
+        if _scheme(path):
+            return path
+        if self._protocol == "file":
+            return _local_uri(path)
+        return f"{self._protocol}://{path.lstrip('/')}"
+
+    @property
+    def fs(self):
+        """The fsspec filesystem (Horovod's ``store.fs``)."""
+        return self.fsspec_filesystem
 
     def __getstate__(self):
         state = super().__getstate__()
@@ -524,6 +760,10 @@ class FilesystemStore(Store):
             rel = path[len(self._prefix):].lstrip("/")
             return self._root.rstrip("/") + "/" + rel if rel else self._root
         return fs.handler.fs._strip_protocol(path)
+
+
+def _local_uri(path: str) -> str:
+    return "file://" + os.path.abspath(os.path.expanduser(path))
 
 
 def _check_fsspec_protocol(protocol: str, url: str) -> None:

@@ -29,7 +29,7 @@ import cloudpickle
 
 from . import _params
 from ._base import DistributedEstimator, DistributedModel
-from ._torch_remote import TorchPredictor, bytes_io, train_on_rank
+from ._torch_remote import TorchPredictor, _rebuild_optimizer, bytes_io, train_on_rank
 
 __all__ = ["TorchEstimator", "TorchModel"]
 
@@ -108,25 +108,52 @@ class TorchEstimator(DistributedEstimator):
         model = cloudpickle.loads(cloudpickle.dumps(self.getModel()))
         model.load_state_dict(torch.load(bytes_io(result["model_state"]), weights_only=True))
         model.eval()
+        optimizer = _rebuild_optimizer(_serialize_optimizer(self.getOptimizer()), model)
+        if result.get("optimizer_state") is not None:
+            optimizer.load_state_dict(torch.load(bytes_io(result["optimizer_state"]),
+                                                 map_location="cpu", weights_only=False))
         return TorchModel(model=model, feature_cols=self.getFeatureCols(),
                           label_cols=self.getLabelCols(), input_shapes=self.getInputShapes(),
                           run_id=run_id, history=result["history"],
-                          training_metadata=metadata)
+                          training_metadata=metadata, optimizer=optimizer,
+                          loss=self.getLoss(), loss_constructors=self.getLossConstructors())
 
 
 class TorchModel(DistributedModel):
     """The Transformer a TorchEstimator returns. ``transform(df)`` adds one prediction column
     per model output (``<label>__output``, or ``setOutputCols``); ``getModel()`` is the trained
     ``torch.nn.Module``; ``getHistory()`` the per-epoch metrics ({"loss": [...],
-    "val_loss": [...], ...})."""
+    "val_loss": [...], ...}); ``getOptimizer()`` the optimizer with its trained state, on the
+    trained model's parameters (a new one per call, as in Horovod); ``getLoss()`` and
+    ``getLossConstructors()`` what the estimator trained with. Horovod's constructor keywords
+    ``feature_columns``, ``label_columns`` and ``_metadata`` are accepted."""
 
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
+
+    def getOptimizer(self):
+        """The optimizer, rebuilt on :meth:`getModel`'s parameters with the trained state
+        (None if none was given)."""
+        optimizer = self.getOrDefault(self.optimizer)
+        model = self.getModel()
+        if optimizer is None or model is None:
+            return optimizer
+        rebuilt = type(optimizer)(model.parameters(), **optimizer.defaults)
+        rebuilt.load_state_dict(optimizer.state_dict())
+        return rebuilt
 
     def _predictor_factory(self):
         return TorchPredictor(cloudpickle.dumps(self.getModel()))
 
 
+_TORCH_MODEL_PARAMS = dict(_params.COMMON_MODEL_PARAMS)
+_TORCH_MODEL_PARAMS.update({
+    "optimizer": ("the optimizer with its trained state (getOptimizer() binds it to the "
+                  "model)", None, None),
+    "loss": ("the loss the model was trained with", None, None),
+    "loss_constructors": ("the loss constructors the model was trained with", None, None),
+})
+
 declare = _params.declare
 declare(TorchEstimator, _TORCH_ESTIMATOR_PARAMS)
-declare(TorchModel, _params.COMMON_MODEL_PARAMS)
+declare(TorchModel, _TORCH_MODEL_PARAMS)

@@ -1,2 +1,2 @@
-"""Horovod's ``horovod.spark.common`` module paths (``store``, ``backend``) for estimator
-scripts; the classes live in :mod:`spark_hvd.estimators`."""
+"""Horovod's ``horovod.spark.common`` module paths (``store``, ``backend``, ``util``) for
+estimator scripts; the classes live in :mod:`spark_hvd.estimators`."""

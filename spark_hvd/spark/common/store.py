@@ -2,7 +2,8 @@
 becomes ``from spark_hvd.spark.common.store import Store``. The classes live in
 :mod:`spark_hvd.estimators.store`."""
 
-from spark_hvd.estimators.store import (DBFSLocalStore, FilesystemStore, HDFSStore, LocalStore,
-                                        Store)
+from spark_hvd.estimators.store import (AbstractFilesystemStore, DBFSLocalStore,
+                                        FilesystemStore, HDFSStore, LocalStore, Store)
 
-__all__ = ["Store", "LocalStore", "DBFSLocalStore", "HDFSStore", "FilesystemStore"]
+__all__ = ["Store", "AbstractFilesystemStore", "LocalStore", "DBFSLocalStore", "HDFSStore",
+           "FilesystemStore"]
