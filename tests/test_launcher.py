@@ -12,8 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from spark_hvd.runner import _env, _hosts, _net, _spawn
-from spark_hvd.runner._hosts import HostSlots
+from spark_hvd.launch import hosts as _hosts
+from spark_hvd.launch import net as _net
+from spark_hvd.launch import spawn as _spawn
+from spark_hvd.launch.hosts import HostSlots
+from spark_hvd.runner import _env
 from spark_hvd.runner.launch import build_parser
 
 REPO = Path(__file__).resolve().parent.parent

@@ -1,13 +1,14 @@
-"""The process a Spark task spawns to run the user's function: ``python -m spark_hvd.spark._child``.
+"""A rank that runs a pickled function: ``python -m spark_hvd.launch.function_rank``.
 
-It loads ``(fn, args, kwargs)`` (cloudpickled by the driver) from the file named in
-``SPARK_HVD_SPARK_PAYLOAD``, calls ``fn``, and leaves either the pickled return value in
-``SPARK_HVD_SPARK_RESULT`` (exit code 0) or a JSON error report in ``SPARK_HVD_SPARK_ERROR``
+A Spark task of ``spark_hvd.spark.run`` spawns it, and ``spark_hvd.run`` has ``spark-hvd-run``
+start one per rank. It loads ``(fn, args, kwargs)`` (cloudpickled by the driver) from the file
+named in ``SPARK_HVD_SPARK_PAYLOAD``, calls ``fn``, and leaves either the pickled return value
+in ``SPARK_HVD_SPARK_RESULT`` (exit code 0) or a JSON error report in ``SPARK_HVD_SPARK_ERROR``
 (exit code 1). The bootstrap environment is already set, so ``hvd.init()`` inside ``fn`` joins
 the job like any launcher-started rank.
 
-A fresh process per task keeps CUDA and the core's state out of Spark's reused Python workers,
-and lets the task kill the whole group when the job fails.
+A fresh process per Spark task keeps CUDA and the core's state out of Spark's reused Python
+workers, and lets the task kill the whole group when the job fails.
 """
 
 import json

@@ -16,7 +16,7 @@ import threading
 import time
 from typing import Callable
 
-from spark_hvd.runner._spawn import RankProcess
+from spark_hvd.launch.spawn import RankProcess
 
 DEFAULT_GRACE_SECONDS = 5.0
 

@@ -13,17 +13,18 @@ import warnings
 
 __all__ = ["run"]
 
-# What each rank runs: spark_hvd.spark.run's child (load the pickled function, call it, leave
-# its result or an error report in a file), pointed at this rank's files. argv[1] is run()'s
-# scratch directory.
+# What each rank runs: the function rank that spark_hvd.spark.run's tasks start too (load the
+# pickled function, call it, leave its result or an error report in a file), pointed at this
+# rank's files. argv[1] is run()'s scratch directory.
 _RANK_MAIN = """\
 import os, sys
-from spark_hvd.spark import _child
-d = os.path.join(sys.argv[1], "rank." + os.environ["SPARK_HVD_RANK"])
-os.environ[_child.PAYLOAD_ENV] = os.path.join(d, "payload")
-os.environ[_child.RESULT_ENV] = os.path.join(d, "result")
-os.environ[_child.ERROR_ENV] = os.path.join(d, "error")
-_child.main()
+from spark_hvd.common._bootstrap_contract import RANK
+from spark_hvd.launch import function_rank
+d = os.path.join(sys.argv[1], "rank." + os.environ[RANK])
+os.environ[function_rank.PAYLOAD_ENV] = os.path.join(d, "payload")
+os.environ[function_rank.RESULT_ENV] = os.path.join(d, "result")
+os.environ[function_rank.ERROR_ENV] = os.path.join(d, "error")
+function_rank.main()
 """
 
 _ELASTIC_ARGS = ("min_num_proc", "max_num_proc", "slots", "reset_limit", "cooldown_range",
@@ -71,7 +72,7 @@ def run(func, args=(), kwargs=None, num_proc=None, min_num_proc=None, max_num_pr
             or exit status; the launcher stopped the other ranks), or the job could not start.
     """
     from ..common.elastic import refuse
-    from ..spark._errors import RunError
+    from ..spark import RunError
 
     if np is not None:
         if num_proc is not None and num_proc != np:
@@ -136,7 +137,8 @@ def run(func, args=(), kwargs=None, num_proc=None, min_num_proc=None, max_num_pr
 
 def _require_local_hosts(hosts, hostfile):
     """The payload and results travel through a local directory: refuse other machines."""
-    from . import _hosts, _net
+    from ..launch import hosts as _hosts
+    from ..launch import net as _net
     if hosts:
         entries = _hosts.parse_hosts(hosts)
     elif hostfile:

@@ -1,20 +1,14 @@
-"""The environment each rank starts with: the launcher's half of the bootstrap contract.
-
-The variables' names are ``common/_bootstrap_contract``'s; the core, ``spark_hvd.spark`` and
-the estimators read the same ones.
+"""What only ``spark-hvd-run`` adds to a rank's environment: the tuning its flags set, and
+the address each rank binds to. The bootstrap variables themselves come from
+:func:`spark_hvd.launch.environment.rank_env`, shared with ``spark_hvd.spark``.
 """
 
 from __future__ import annotations
 
 import argparse
 
-from spark_hvd.common import _bootstrap_contract as contract
-from spark_hvd.runner._hosts import SlotInfo
-from spark_hvd.runner._net import is_loopback
-
-
-def _number(x: float) -> str:
-    return str(int(x)) if float(x).is_integer() else repr(float(x))
+from spark_hvd.launch.environment import number as _number
+from spark_hvd.launch.net import is_loopback
 
 
 def config_env(args: argparse.Namespace) -> dict[str, str]:
@@ -73,29 +67,3 @@ def bind_address(host: str, host_is_local: bool, all_local: bool,
     if all_local and not interface_ip:
         return "127.0.0.1"
     return "0.0.0.0"
-
-
-def rank_env(base: dict[str, str], slot: SlotInfo, *, rendezvous_addr: str, secret_hex: str,
-             job_id: str, bind_addr: str, start_timeout: float,
-             config: dict[str, str]) -> dict[str, str]:
-    """The full environment of one rank: ``base`` (the launcher's), the tuning ``config``, and
-    the bootstrap variables."""
-    env = {k: v for k, v in base.items()
-           if not k.startswith("OMPI_COMM_WORLD_")}  # or the core would think it runs under MPI
-    env.update(config)
-    env.update({
-        contract.RANK: str(slot.rank),
-        contract.SIZE: str(slot.size),
-        contract.LOCAL_RANK: str(slot.local_rank),
-        contract.LOCAL_SIZE: str(slot.local_size),
-        contract.CROSS_RANK: str(slot.cross_rank),
-        contract.CROSS_SIZE: str(slot.cross_size),
-        contract.RENDEZVOUS_ADDR: rendezvous_addr,
-        contract.SECRET: secret_hex,
-        contract.JOB_ID: job_id,
-        contract.HOSTNAME: slot.hostname,
-        contract.BIND_ADDR: bind_addr,
-        contract.START_TIMEOUT: _number(start_timeout),
-        "PYTHONUNBUFFERED": "1",
-    })
-    return env

@@ -21,10 +21,13 @@ from spark_hvd import __version__
 from spark_hvd.common import _bootstrap_contract as contract
 from spark_hvd.common._rendezvous import RendezvousServer
 from spark_hvd.common._secret import make_secret, secret_to_env
-from spark_hvd.runner import _env, _hosts, _net
-from spark_hvd.runner._output import LineSink, forward
-from spark_hvd.runner._spawn import spawn
-from spark_hvd.runner._supervise import DEFAULT_GRACE_SECONDS, Supervisor
+from spark_hvd.launch import hosts as _hosts
+from spark_hvd.launch import net as _net
+from spark_hvd.launch.environment import rank_env
+from spark_hvd.launch.output import LineSink, forward
+from spark_hvd.launch.spawn import spawn
+from spark_hvd.launch.supervise import DEFAULT_GRACE_SECONDS, Supervisor
+from spark_hvd.runner import _env
 
 PROG = "spark-hvd-run"
 LOG_LEVELS = ("TRACE", "DEBUG", "INFO", "WARNING", "ERROR", "FATAL")  # Horovod's, low to high
@@ -390,9 +393,9 @@ class _Job:
         host = slot.hostname
         local = self.is_local[host]
         bind_addr = _env.bind_address(host, local, self.all_local, self.interface_ip)
-        env = _env.rank_env(dict(os.environ), slot, rendezvous_addr=rendezvous_addr,
-                            secret_hex=secret_hex, job_id=job_id, bind_addr=bind_addr,
-                            start_timeout=self.start_timeout, config=config)
+        env = rank_env(dict(os.environ), slot, rendezvous_addr=rendezvous_addr,
+                       secret_hex=secret_hex, job_id=job_id, bind_addr=bind_addr,
+                       start_timeout=self.start_timeout, config=config)
         how = "locally" if local else "over ssh"
         self.log(f"rank {slot.rank} on {host} {how} (local rank {slot.local_rank}/"
                  f"{slot.local_size}, cross rank {slot.cross_rank}/{slot.cross_size}, "

@@ -168,7 +168,7 @@ class DriverChannel:
 
 
 class _StreamSink:
-    """What :func:`spark_hvd.runner._output.forward` writes one stream's lines to."""
+    """What :func:`spark_hvd.launch.output.forward` writes one stream's lines to."""
 
     def __init__(self, channel: "TaskChannel", tag: bytes):
         self._channel, self._tag = channel, tag

@@ -27,7 +27,7 @@ import time
 
 from spark_hvd.common import _bootstrap_contract as contract
 from spark_hvd.common._secret import make_secret
-from spark_hvd.runner._output import LineSink
+from spark_hvd.launch.output import LineSink
 from spark_hvd.spark import _session, _task
 from spark_hvd.spark._channel import STDERR, STDOUT, DriverChannel
 from spark_hvd.spark._errors import RunError

@@ -4,7 +4,7 @@ A "host" is a Spark executor, identified by the address that ``BarrierTaskContex
 reports for it (``host:port``). Two executors on one machine count as two hosts: they own
 separate resources (cores, GPUs) and Spark schedules them independently, and it is what makes
 ``local-cluster[2,2,1024]`` look like the two-host job it stands for. Ranks are host-major (the
-launcher's rule, :func:`spark_hvd.runner._hosts.assign_ranks`): hosts in order of their first
+launcher's rule, :func:`spark_hvd.launch.hosts.assign_ranks`): hosts in order of their first
 task, ranks consecutive within a host, in partition order.
 """
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 
-from spark_hvd.runner._hosts import HostSlots, SlotInfo, assign_ranks
+from spark_hvd.launch.hosts import HostSlots, SlotInfo, assign_ranks
 
 
 def slots_by_partition(addresses: list[str]) -> list[SlotInfo]:

@@ -39,12 +39,13 @@ import time
 from spark_hvd.common import _bootstrap_contract as contract
 from spark_hvd.common._rendezvous import KVClient, RendezvousServer
 from spark_hvd.common._secret import secret_to_env
-from spark_hvd.runner import _env
-from spark_hvd.runner._hosts import SlotInfo
-from spark_hvd.runner._output import forward
-from spark_hvd.runner._spawn import spawn
-from spark_hvd.runner._supervise import describe_exit, group_alive
-from spark_hvd.spark import _child, _placement
+from spark_hvd.launch import function_rank
+from spark_hvd.launch.environment import rank_env
+from spark_hvd.launch.hosts import SlotInfo
+from spark_hvd.launch.output import forward
+from spark_hvd.launch.spawn import spawn
+from spark_hvd.launch.supervise import describe_exit, group_alive
+from spark_hvd.spark import _placement
 from spark_hvd.spark._channel import TaskChannel
 
 # Marks the message of a Spark task failure that carries a rank's error, so the driver can find
@@ -123,7 +124,7 @@ def _bind_address(address: str, nics) -> str:
     """The address the rank's listeners bind to: the first of ``nics`` when given, otherwise
     the executor's own address, which is where Spark reaches this executor."""
     if nics:
-        from spark_hvd.runner._net import interface_ipv4
+        from spark_hvd.launch.net import interface_ipv4
         return interface_ipv4(sorted(nics)[0] if isinstance(nics, (set, frozenset))
                               else list(nics)[0])
     host = _placement.host_of(address)
@@ -183,13 +184,12 @@ class _RankTask:
                         size=self.slot.size, local_rank=self.slot.local_rank,
                         local_size=self.slot.local_size, cross_rank=self.slot.cross_rank,
                         cross_size=self.slot.cross_size)
-        env = _env.rank_env(base, slot, rendezvous_addr=rendezvous_addr,
-                            secret_hex=secret_to_env(self.spec.secret), job_id=self.spec.job_id,
-                            bind_addr=bind_addr, start_timeout=self.spec.start_timeout,
-                            config={})
-        env[_child.PAYLOAD_ENV] = os.path.join(self.workdir, "payload")
-        env[_child.RESULT_ENV] = os.path.join(self.workdir, "result")
-        env[_child.ERROR_ENV] = os.path.join(self.workdir, "error.json")
+        env = rank_env(base, slot, rendezvous_addr=rendezvous_addr,
+                       secret_hex=secret_to_env(self.spec.secret), job_id=self.spec.job_id,
+                       bind_addr=bind_addr, start_timeout=self.spec.start_timeout, config={})
+        env[function_rank.PAYLOAD_ENV] = os.path.join(self.workdir, "payload")
+        env[function_rank.RESULT_ENV] = os.path.join(self.workdir, "result")
+        env[function_rank.ERROR_ENV] = os.path.join(self.workdir, "error.json")
         return env
 
     def _start(self) -> None:
@@ -211,7 +211,7 @@ class _RankTask:
         port = self.server.start()
         bind_addr = _bind_address(self.address, self.spec.nics)
         env = self._child_env(f"127.0.0.1:{port}", bind_addr)
-        command = [self.spec.executable or sys.executable, "-m", "spark_hvd.spark._child"]
+        command = [self.spec.executable or sys.executable, "-m", function_rank.__name__]
         # Spawn before the channel's thread starts: the spawn runs Python code between fork
         # and exec, which must not wait for a lock that another thread held at the fork.
         self.proc = spawn(self.rank, self.address, command, env, os.getcwd(), remote=False)
