@@ -236,6 +236,32 @@ def _produce(cmd: list[str], output: Path, what: str, verbose: bool, verify=None
     os.replace(tmp, output)
 
 
+def build_test_program(name: str, sources: list[str], src_dir: Path = DEFAULT_SRC,
+                       build_dir: Path = DEFAULT_BUILD) -> Path:
+    """Compiles a standalone C++ test program of native/tests/ (``sources``: paths relative to
+    ``src_dir``, its own file with main() first, then the library sources it tests) with the
+    library's release flags, and returns the binary. The binary is named after a hash of the
+    compiler, the flags, the sources and every header under ``src_dir``, so a rerun with
+    nothing changed only runs it. Raises BuildError with the compiler's output."""
+    import hashlib
+
+    cxx = _compiler()
+    flags = BASE_FLAGS + RELEASE_FLAGS + _env_flags("CXXFLAGS")
+    paths = [src_dir / s for s in sources]
+    headers = sorted(p for p in src_dir.rglob("*") if p.suffix in HEADER_SUFFIXES and p.is_file())
+    digest = hashlib.sha256(" ".join(cxx + flags).encode())
+    for path in paths + headers:
+        digest.update(str(path.relative_to(src_dir)).encode())
+        digest.update(path.read_bytes())
+    out_dir = build_dir / "tests"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    binary = out_dir / f"{name}_{digest.hexdigest()[:16]}"
+    if not binary.exists():
+        _produce(cxx + flags + [str(p) for p in paths] + LINK_LIBS + _env_flags("LDFLAGS"),
+                 binary, "compiling test program", verbose=False)
+    return binary
+
+
 @contextlib.contextmanager
 def _lock(build_dir: Path):
     """Serialise concurrent builds of the same tree (several engineers, pip + make...)."""

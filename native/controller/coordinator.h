@@ -14,12 +14,14 @@
 
 #include "message.h"
 #include "process_sets.h"
+#include "response_cache.h"
+#include "stall_inspector.h"
 
 namespace shvd {
 
 struct CoordinatorOptions {
   size_t fusion_threshold_bytes = 128u << 20;
-  size_t cache_capacity = 1024;        // response-cache entries (0 disables)
+  size_t cache_capacity = 1024;        // response-cache entries (0 disables; see ResponseCache)
   double stall_warning_seconds = 60;   // <= 0 disables the stall inspector
   double stall_shutdown_seconds = 0;   // > 0: abort the job after this long
 };
@@ -28,7 +30,9 @@ class Coordinator {
  public:
   using Clock = std::chrono::steady_clock;
 
-  Coordinator(int world_size, ProcessSets* sets, CoordinatorOptions options);
+  // `cache` is the rank's response cache (the engine owns it; the coordinator numbers its ids).
+  Coordinator(int world_size, ProcessSets* sets, ResponseCache* cache,
+              CoordinatorOptions options);
 
   // Incorporates one rank's batch (cached ids are resolved to the request they stand for).
   void add_batch(const RequestBatch& batch);
@@ -57,7 +61,7 @@ class Coordinator {
   void mark_ready_if_complete(const std::string& name, Pending& p);
   // Fails `name` at once: an op other than allreduce while ranks have joined (Horovod's rule).
   void refuse_while_joined(const std::string& name, Pending& p, const Request& r);
-  std::string joined_refusal(OpType op, const std::string& name) const;  // the error's text
+  std::vector<int> joined_ranks() const { return {joined_.begin(), joined_.end()}; }
   void recheck_all();
   Response build_response(const std::string& name, Pending& p);
   Response build_join_response();
@@ -81,28 +85,23 @@ class Coordinator {
   std::set<int> joined_;
   int last_joined_ = -1;
   std::set<int> shut_down_;
-  // Response cache: id -> entry; name -> id.
-  struct CacheEntry {
-    std::string name;
-    std::vector<Request> by_rank;  // every rank's request, as last answered
-    // The steady state of a training loop: an allreduce answered before, now sent by every
-    // member as its cache id. Counted here instead of in pending_ (no request copies, no
-    // validation: the requests agreed when they were cached) and answered with `response`.
-    // Anything else (a full request for the name, join, shutdown, a stall) demotes the
-    // waiting ranks into pending_ first, where the general path decides.
-    bool fast = false;             // an allreduce that `response` answers
-    Response response;
-    int members = 0;               // ranks of its process set
-    std::vector<bool> waiting;     // ranks whose id arrived (fast path), by global rank
-    int waiting_count = 0;
+  // The steady state of a training loop: an allreduce answered before (ResponseCache::Entry::fast),
+  // now sent by every member as its cache id. Counted here, per id, instead of in pending_ (no
+  // request copies, no validation: the requests agreed when they were cached) and answered
+  // with the cached response. Anything else (a full request for the name, join, shutdown, a
+  // stall) demotes the waiting ranks into pending_ first, where the general path decides.
+  struct CachedWait {
+    std::vector<bool> waiting;     // ranks whose id arrived, by global rank
+    int count = 0;
     Clock::time_point first_seen;
   };
   void add_cached(int rank, uint32_t id);
-  void demote_cached(CacheEntry& c);
-  std::vector<CacheEntry> cache_;
-  std::unordered_map<std::string, uint32_t> cache_by_name_;
+  void demote_cached(uint32_t id);
+  ResponseCache* cache_;
+  std::vector<CachedWait> waits_;        // by cache id
   std::vector<uint32_t> cached_ready_;  // fast-path ids ready on every member, in order
-  Clock::time_point last_stall_check_{};
+  StallInspector stalls_;
+
 };
 
 }  // namespace shvd

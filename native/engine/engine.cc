@@ -26,11 +26,15 @@ int available_cpus() {
 }  // namespace
 
 Engine::Engine(EngineOptions options, Mesh mesh, bool shared_memory)
-    : options_(std::move(options)), mesh_(std::move(mesh)), shared_memory_(shared_memory) {
+    : options_(std::move(options)),
+      mesh_(std::move(mesh)),
+      shared_memory_(shared_memory),
+      cache_(options_.coordinator.cache_capacity, options_.size) {
   sets_.reset(options_.size);
   for (const auto& ranks : options_.static_process_sets) sets_.add(ranks);
   if (options_.rank == 0)
-    coordinator_ = std::make_unique<Coordinator>(options_.size, &sets_, options_.coordinator);
+    coordinator_ = std::make_unique<Coordinator>(options_.size, &sets_, &cache_,
+                                                 options_.coordinator);
   const int cpus = available_cpus();
   overlap_ = options_.overlap >= 0 ? options_.overlap != 0 : options_.local_size * 2 <= cpus;
   // With more local ranks than CPUs a spinning engine would take a core a peer computes on.
@@ -317,9 +321,9 @@ void Engine::submit(std::vector<Entry> entries, bool burst_over) {
   for (Entry& e : entries) {
     const Request& req = e.request;
     if (timeline_.active()) timeline_.begin(req.name, "NEGOTIATE");
-    auto c = cache_.find(req.name);
-    if (c != cache_.end() && c->second.second.same_params(req))
-      batch.cached.push_back(c->second.first);
+    const int64_t cached = cache_.lookup(req);
+    if (cached >= 0)
+      batch.cached.push_back(uint32_t(cached));
     else
       batch.requests.push_back(req);
     table_.emplace(req.name, std::move(e));
@@ -480,12 +484,8 @@ void Engine::execute_response(const Response& resp) {
     if (it != table_.end() && timeline_.active()) timeline_.end(name, "QUEUE");
   }
   // Keep the response cache in step with the coordinator's.
-  for (size_t i = 0; i < resp.names.size(); ++i) {
-    if (i >= resp.cache_ids.size() || resp.cache_ids[i] < 0 || !entries[i]) continue;
-    auto& slot = cache_[resp.names[i]];
-    if (slot.first != uint32_t(resp.cache_ids[i]) || !slot.second.same_params(entries[i]->request))
-      slot = {uint32_t(resp.cache_ids[i]), entries[i]->request};
-  }
+  for (size_t i = 0; i < resp.names.size() && i < resp.cache_ids.size(); ++i)
+    if (entries[i]) cache_.remember(resp.names[i], resp.cache_ids[i], entries[i]->request);
 
   if (!resp.error.empty()) {
     for (Entry* e : entries)

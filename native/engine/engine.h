@@ -26,6 +26,7 @@
 #include "../controller/coordinator.h"
 #include "../controller/message.h"
 #include "../controller/process_sets.h"
+#include "../controller/response_cache.h"
 #include "../timeline/timeline.h"
 #include "../transport/mesh.h"
 #include "fusion_buffer.h"
@@ -118,6 +119,7 @@ class Engine {
   Timeline timeline_;
   Scratch scratch_;
   FusionBuffer fusion_;
+  ResponseCache cache_;  // engine thread only; rank 0's coordinator numbers its entries
   std::unique_ptr<Coordinator> coordinator_;  // rank 0 only
   std::map<int, Communicator> communicators_;
   std::vector<std::string> control_inbox_;  // per peer: bytes of a partially received frame
@@ -144,7 +146,6 @@ class Engine {
 
   // Engine thread only.
   std::unordered_map<std::string, Entry> table_;  // negotiating or waiting to execute
-  std::unordered_map<std::string, std::pair<uint32_t, Request>> cache_;  // response cache
   Clock::time_point last_activity_{};
   // Requests taken from the queue and not yet sent to the coordinator.
   RequestBatch unsent_;

@@ -26,42 +26,15 @@
 #include "../algorithms/reduce_kernels.h"
 #include "../common/hmac.h"
 #include "../transport/mesh.h"
+#include "harness.h"
 
 using namespace shvd;
+using namespace shvd_test;
 using Clock = std::chrono::steady_clock;
 
 namespace {
 
-int g_passed = 0, g_failed = 0;
-const char* g_filter = nullptr;  // argv[1]: run only tests whose name contains it
 std::string g_job;  // unique per run: names shm segments, checked for leaks at the end
-
-struct Failure : std::runtime_error {
-  using std::runtime_error::runtime_error;
-};
-#define CHECK(cond)                                                                       \
-  do {                                                                                    \
-    if (!(cond)) throw Failure(std::string(__FILE__ ":") + std::to_string(__LINE__) +     \
-                               ": CHECK(" #cond ") failed");                              \
-  } while (0)
-
-double seconds_since(Clock::time_point t) {
-  return std::chrono::duration<double>(Clock::now() - t).count();
-}
-
-void run_test(const char* name, const std::function<void()>& fn) {
-  if (g_filter && !strstr(name, g_filter)) return;
-  auto t0 = Clock::now();
-  try {
-    fn();
-    ++g_passed;
-    std::printf("PASS %-44s %6.2f s\n", name, seconds_since(t0));
-  } catch (const std::exception& e) {
-    ++g_failed;
-    std::printf("FAIL %-44s %s\n", name, e.what());
-  }
-  std::fflush(stdout);
-}
 
 std::string hex(const Digest& d) {
   std::string s;
@@ -910,6 +883,5 @@ int main(int argc, char** argv) {
   run_test("abort releases a blocked recv (shm)", [] { test_abort(true); });
   run_test("abort releases a blocked recv (tcp)", [] { test_abort(false); });
   run_test("no shared-memory segments left behind", test_no_leftover_segments);
-  std::printf("%d passed, %d failed\n", g_passed, g_failed);
-  return g_failed == 0 ? 0 : 1;
+  return summary();
 }

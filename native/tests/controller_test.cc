@@ -1,0 +1,246 @@
+// Unit tests of the negotiation layer (native/controller/): the response cache, the mismatch
+// diagnosis, the stall inspector and the coordinator that uses them, driven with request batches
+// as the ranks' engines send them. Built and run by tests/test_native_units.py; not part of the
+// library.
+#include <thread>
+
+#include "../controller/coordinator.h"
+#include "../controller/mismatch.h"
+#include "../controller/response_cache.h"
+#include "../controller/stall_inspector.h"
+#include "harness.h"
+
+using namespace shvd;
+using namespace shvd_test;
+
+namespace {
+
+Request allreduce(const std::string& name, std::vector<int64_t> shape, int process_set = 0) {
+  Request r;
+  r.op = OpType::kAllreduce;
+  r.name = name;
+  r.shape = std::move(shape);
+  r.process_set = process_set;
+  return r;
+}
+
+RequestBatch full(int rank, std::vector<Request> requests) {
+  RequestBatch b;
+  b.rank = rank;
+  b.requests = std::move(requests);
+  return b;
+}
+
+RequestBatch cached(int rank, std::vector<uint32_t> ids) {
+  RequestBatch b;
+  b.rank = rank;
+  b.cached = std::move(ids);
+  return b;
+}
+
+// A coordinator over `size` ranks with its own process sets and cache.
+struct Setup {
+  explicit Setup(int size, size_t capacity = 16, double stall_warning_s = 60) {
+    sets.reset(size);
+    CoordinatorOptions o;
+    o.cache_capacity = capacity;
+    o.stall_warning_seconds = stall_warning_s;
+    cache = std::make_unique<ResponseCache>(capacity, size);
+    coordinator = std::make_unique<Coordinator>(size, &sets, cache.get(), o);
+  }
+  ProcessSets sets;
+  std::unique_ptr<ResponseCache> cache;
+  std::unique_ptr<Coordinator> coordinator;
+};
+
+// Both ranks of `s` ask for allreduce `name` of shape [4] and get it answered: the name has a
+// cache id from now on.
+void answer_once(Setup& s, const std::string& name) {
+  s.coordinator->add_batch(full(0, {allreduce(name, {4})}));
+  s.coordinator->add_batch(full(1, {allreduce(name, {4})}));
+  CHECK(s.coordinator->take_ready().size() == 1);
+}
+
+// ---- ResponseCache ----------------------------------------------------------------------------
+
+void test_cache_rank_view() {
+  ResponseCache c(4, 2);
+  const Request a = allreduce("a", {4});
+  CHECK(c.lookup(a) == -1);
+  c.remember("a", 3, a);
+  CHECK(c.lookup(a) == 3);
+  Request other_shape = allreduce("a", {5});
+  CHECK(c.lookup(other_shape) == -1);  // same name, other parameters: a full request
+  c.remember("a", -1, other_shape);    // not cached: the old entry stays
+  CHECK(c.lookup(a) == 3);
+  c.remember("a", 3, other_shape);     // the coordinator re-recorded id 3 with the new shape
+  CHECK(c.lookup(other_shape) == 3 && c.lookup(a) == -1);
+}
+
+void test_cache_numbering_and_capacity() {
+  ResponseCache c(2, 2);
+  std::vector<Request> by_rank = {allreduce("a", {1}), allreduce("a", {1})};
+  CHECK(c.record("a", {0, 1}, by_rank) == 0);
+  by_rank = {allreduce("b", {1}), allreduce("b", {1})};
+  CHECK(c.record("b", {0, 1}, by_rank) == 1);
+  CHECK(c.record("a", {0, 1}, {allreduce("a", {2}), allreduce("a", {2})}) == 0);  // same id
+  CHECK(c.entry(0).by_rank[1].shape == std::vector<int64_t>{2});
+  CHECK(c.record("c", {0, 1}, {allreduce("c", {1}), allreduce("c", {1})}) == -1);  // full
+  CHECK(c.id_of("b") == 1 && c.id_of("c") == -1);
+  Request grouped = allreduce("g", {1});
+  grouped.group = "grp";
+  CHECK(c.record("g", {0}, {grouped, Request()}) == -1);  // grouped ops are never cached
+  ResponseCache off(0, 2);
+  CHECK(!off.enabled() && off.record("a", {0, 1}, by_rank) == -1);
+}
+
+// ---- mismatch diagnosis -----------------------------------------------------------------------
+
+void test_mismatch_messages() {
+  ProcessSets sets;
+  sets.reset(3);
+  std::vector<Request> by_rank = {allreduce("x", {4, 3}), allreduce("x", {5, 3}),
+                                  allreduce("x", {4, 3})};
+  Response r = agreed_response("x", by_rank, {0, 1, 2}, {}, sets);
+  CHECK(r.error == "Mismatched shapes for tensor 'x' in allreduce: ranks [0, 2] sent [4, 3]; "
+                   "ranks [1] sent [5, 3]");
+  by_rank[1] = allreduce("x", {4, 3});
+  by_rank[1].dtype = DataType::kFloat64;
+  r = agreed_response("x", by_rank, {0, 1, 2}, {}, sets);
+  CHECK(r.error.rfind("Mismatched data types for tensor 'x': ranks [0, 2] sent float32", 0) == 0);
+  by_rank[1].dtype = DataType::kFloat32;
+  r = agreed_response("x", by_rank, {0, 1, 2}, {}, sets);
+  CHECK(r.error.empty() && r.shapes.size() == 1 && r.shapes[0] == by_rank[0].shape);
+  // Allgather: only the first dimension may differ; the response lists it per member.
+  for (int i = 0; i < 3; ++i) {
+    by_rank[i].op = OpType::kAllgather;
+    by_rank[i].shape = {i + 1, 3};
+  }
+  r = agreed_response("x", by_rank, {0, 1, 2}, {}, sets);
+  CHECK(r.error.empty() && (r.first_dims == std::vector<int64_t>{1, 2, 3}));
+  r = agreed_response("x", by_rank, {0, 1, 2}, {2}, sets);  // rank 2 joined: refused
+  CHECK(r.error == joined_refusal(OpType::kAllgather, "x", {2}));
+  CHECK(r.error == "allgather of tensor 'x' is not supported while ranks [2] have joined; only "
+                   "allreduce continues after join()");
+}
+
+// ---- stall inspector --------------------------------------------------------------------------
+
+void test_stall_inspector() {
+  using Clock = StallInspector::Clock;
+  StallInspector off(0, 0);
+  CHECK(!off.enabled() && !off.due(Clock::now()));
+  StallInspector s(10, 30);
+  const auto t0 = Clock::now();
+  CHECK(s.due(t0) && !s.due(t0 + std::chrono::milliseconds(100)));
+  std::vector<std::string> warnings;
+  auto warn = [&](const std::string& m) { warnings.push_back(m); };
+  Clock::time_point last = t0;
+  CHECK(s.inspect("t", {0}, {1}, t0, &last, t0 + std::chrono::seconds(5), warn).empty());
+  CHECK(warnings.empty());  // younger than the warning time
+  CHECK(s.inspect("t", {0}, {1}, t0, &last, t0 + std::chrono::seconds(11), warn).empty());
+  CHECK(warnings.size() == 1 && warnings[0].find("tensor 't' was submitted by ranks [0] but "
+                                                 "ranks [1] have not submitted it for 11 s") !=
+                                    std::string::npos);
+  s.inspect("t", {0}, {1}, t0, &last, t0 + std::chrono::seconds(12), warn);
+  CHECK(warnings.size() == 1);  // once per warning period
+  s.inspect("t", {0}, {1}, t0, &last, t0 + std::chrono::seconds(22), warn);
+  CHECK(warnings.size() == 2);
+  const std::string abort = s.inspect("t", {0}, {1}, t0, &last, t0 + std::chrono::seconds(31), warn);
+  CHECK(abort.rfind("stall inspector: tensor 't'", 0) == 0);
+}
+
+// ---- coordinator ------------------------------------------------------------------------------
+
+void test_coordinator_caches_and_answers_ids() {
+  Setup s(2);
+  s.coordinator->add_batch(full(0, {allreduce("a", {4}), allreduce("b", {2})}));
+  CHECK(s.coordinator->take_ready().empty());
+  s.coordinator->add_batch(full(1, {allreduce("b", {2}), allreduce("a", {4})}));
+  std::vector<Response> out = s.coordinator->take_ready();
+  // Fused into one allreduce, in the order the tensors became ready (rank 1's order).
+  CHECK(out.size() == 1 && (out[0].names == std::vector<std::string>{"b", "a"}));
+  CHECK((out[0].cache_ids == std::vector<int64_t>{0, 1}));
+  CHECK(s.cache->entry(0).fast && s.cache->entry(0).members == 2);
+  // The next step: ids only. Answered from the cache once both ranks sent them.
+  s.coordinator->add_batch(cached(1, {1}));
+  CHECK(s.coordinator->take_ready().empty());
+  s.coordinator->add_batch(cached(0, {1}));
+  out = s.coordinator->take_ready();
+  CHECK(out.size() == 1 && (out[0].names == std::vector<std::string>{"a"}) && out[0].error.empty());
+  CHECK(out[0].shapes[0] == std::vector<int64_t>{4});
+}
+
+void test_coordinator_mixed_cached_and_full_request() {
+  Setup s(2);
+  answer_once(s, "a");
+  // Rank 0 repeats the request (its id); rank 1 changed the shape (a full request): the waiting
+  // id is demoted to the general path, which names the mismatch.
+  s.coordinator->add_batch(cached(0, {0}));
+  s.coordinator->add_batch(full(1, {allreduce("a", {5})}));
+  std::vector<Response> out = s.coordinator->take_ready();
+  CHECK(out.size() == 1 && out[0].error ==
+        "Mismatched shapes for tensor 'a' in allreduce: ranks [0] sent [4]; ranks [1] sent [5]");
+}
+
+void test_coordinator_join_demotes_cached() {
+  Setup s(2);
+  answer_once(s, "a");
+  s.coordinator->add_batch(cached(0, {0}));
+  Request join;
+  join.op = OpType::kJoin;
+  join.name = "__join__";
+  s.coordinator->add_batch(full(1, {join}));
+  // Rank 0's allreduce goes on without the joined rank (which contributes zeros).
+  std::vector<Response> out = s.coordinator->take_ready();
+  CHECK(out.size() == 1 && out[0].names[0] == "a" && (out[0].joined == std::vector<int>{1}));
+  CHECK(!s.cache->entry(0).fast);  // answered with a rank joined: not the steady state
+  s.coordinator->add_batch(full(0, {join}));
+  out = s.coordinator->take_ready();
+  CHECK(out.size() == 1 && out[0].op == OpType::kJoin && out[0].last_joined == 0);
+}
+
+void test_coordinator_stall_on_cached_id() {
+  Setup s(2, 16, 0.2);
+  answer_once(s, "a");
+  s.coordinator->add_batch(cached(0, {0}));  // rank 1 never sends it
+  std::vector<std::string> warnings;
+  auto warn = [&](const std::string& m) { warnings.push_back(m); };
+  const auto deadline = Coordinator::Clock::now() + std::chrono::seconds(5);
+  while (warnings.empty() && Coordinator::Clock::now() < deadline) {
+    CHECK(s.coordinator->inspect_stalls(Coordinator::Clock::now(), warn).empty());
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  CHECK(warnings.size() == 1 &&
+        warnings[0].find("tensor 'a' was submitted by ranks [0] but ranks [1]") != std::string::npos);
+}
+
+void test_coordinator_shutdown_fails_waiting_ops() {
+  Setup s(2);
+  answer_once(s, "a");
+  s.coordinator->add_batch(cached(0, {0}));
+  RequestBatch bye;
+  bye.rank = 1;
+  bye.shutdown = true;
+  s.coordinator->add_batch(bye);
+  std::vector<Response> out = s.coordinator->take_ready();
+  CHECK(out.size() == 1 && !out[0].error_is_mismatch &&
+        out[0].error == "ranks [1] have shut down spark_hvd and cannot complete allreduce of "
+                        "tensor 'a'");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc > 1) g_filter = argv[1];
+  run_test("response cache: the rank's view", test_cache_rank_view);
+  run_test("response cache: numbering and capacity", test_cache_numbering_and_capacity);
+  run_test("mismatch diagnosis messages", test_mismatch_messages);
+  run_test("stall inspector: warn, repeat, abort", test_stall_inspector);
+  run_test("coordinator: caches and answers ids", test_coordinator_caches_and_answers_ids);
+  run_test("coordinator: cached id meets a full request", test_coordinator_mixed_cached_and_full_request);
+  run_test("coordinator: join demotes cached ids", test_coordinator_join_demotes_cached);
+  run_test("coordinator: stall on a cached id", test_coordinator_stall_on_cached_id);
+  run_test("coordinator: shutdown fails waiting ops", test_coordinator_shutdown_fails_waiting_ops);
+  return summary();
+}

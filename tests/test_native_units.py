@@ -1,0 +1,49 @@
+"""Builds and runs the C++ unit tests of native/tests/ that need no peers: controller_test.cc
+(the response cache, the mismatch diagnosis, the stall inspector and the coordinator).
+
+The program is compiled by build.build_test_program with the library's release flags and cached
+under build/native/tests/ by a hash of its sources, so reruns only pay for the run.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+import build  # noqa: E402  (the repository's build script)
+
+CONTROLLER_TEST = [
+    "tests/controller_test.cc",
+    "controller/coordinator.cc",
+    "controller/message.cc",
+    "controller/mismatch.cc",
+    "controller/process_sets.cc",
+    "controller/response_cache.cc",
+    "controller/stall_inspector.cc",
+    "common/types.cc",
+]
+RUN_TIMEOUT_S = 120
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"),
+                                reason="the native core is Linux-only")
+
+
+def _run(name: str, sources: list[str]) -> None:
+    try:
+        binary = build.build_test_program(name, sources)
+    except build.BuildError as e:
+        pytest.fail(f"compiling {name} failed: {e}")
+    proc = subprocess.run([str(binary)], capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+    report = proc.stdout + ("\n--- stderr ---\n" + proc.stderr if proc.stderr else "")
+    print(report)
+    assert proc.returncode == 0, report
+    assert " 0 failed" in proc.stdout and "PASS" in proc.stdout, report
+
+
+def test_controller_units() -> None:
+    _run("controller_test", CONTROLLER_TEST)
