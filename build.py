@@ -617,7 +617,7 @@ def _smoke_worker(rank: str, library: str, header: str) -> int:
         return result
 
     try:
-        print(f"PORT {check(lib.shvd_listen(b'127.0.0.1'), 'shvd_listen')}", flush=True)
+        print(f"PORT {check(lib.shvd_listen(b'127.0.0.1', ctypes.c_int64(-1)), 'shvd_listen')}", flush=True)
         peers = sys.stdin.read()
         options = _header_struct(text, "shvd_init_options")(
             rank=rank, size=2, local_rank=rank, local_size=2, cross_rank=0, cross_size=1,

@@ -189,10 +189,11 @@ Entry make_entry(const shvd_op& op, std::string_view name, std::string_view grou
 
 extern "C" {
 
-int32_t shvd_listen(const char* bind_host) {
+int32_t shvd_listen(const char* bind_host, int64_t tcp_buffer_bytes) {
   return guarded([&] {
     std::lock_guard<std::mutex> lock(g_mu);
-    g_endpoint = std::make_unique<Endpoint>(bind_host && *bind_host ? bind_host : "0.0.0.0");
+    g_endpoint = std::make_unique<Endpoint>(bind_host && *bind_host ? bind_host : "0.0.0.0",
+                                            tcp_buffer_bytes);
     return g_endpoint->port();
   });
 }
@@ -213,6 +214,7 @@ int32_t shvd_init(const shvd_init_options* o) {
     mo.job_id = o->job_id ? o->job_id : "job";
     mo.use_shared_memory = o->use_shared_memory != 0;
     mo.timeout_seconds = o->start_timeout_seconds > 0 ? o->start_timeout_seconds : 30.0;
+    mo.shm_pipe_bytes = o->shm_pipe_bytes;
     std::istringstream lines(o->peers ? o->peers : "");
     std::string line;
     while (std::getline(lines, line)) {

@@ -56,6 +56,9 @@ typedef struct {
   /* Whether tensors in shared arenas (shvd_shared_alloc) are reduced in place where every
    * member can map them (0: never; 0 on any member turns it off for the whole set). */
   int32_t shm_arenas;
+  /* Capacity of each direction of a shared-memory pipe between two ranks of a host (0: the
+   * default, 4 MiB; bounded to [64 KiB, 1 GiB], whole pages). */
+  int64_t shm_pipe_bytes;
 } shvd_init_options;
 
 enum {
@@ -92,8 +95,12 @@ typedef struct {
   int32_t group_size;
 } shvd_op;
 
-/* Phase 1: bind the listening socket; returns the port or -1. */
-int32_t shvd_listen(const char* bind_host);
+/* Phase 1: bind the listening socket; returns the port or -1. `tcp_buffer_bytes` sizes the
+ * send and receive buffers of every TCP data socket of the mesh (-1: the default, 4 MiB; 0: the
+ * kernel's autotuning; at most 1 GiB). It is given here, not to shvd_init, because the listening
+ * socket passes its buffers on to the connections it accepts, and peers may connect as soon as
+ * the port is published. */
+int32_t shvd_listen(const char* bind_host, int64_t tcp_buffer_bytes);
 /* Phase 2: connect the mesh and start the engine thread. */
 int32_t shvd_init(const shvd_init_options* options);
 int32_t shvd_shutdown(void);

@@ -26,6 +26,8 @@
 #include "../algorithms/reduce_kernels.h"
 #include "../common/hmac.h"
 #include "../transport/mesh.h"
+#include "../transport/shm.h"
+#include "../transport/tcp.h"
 #include "harness.h"
 
 using namespace shvd;
@@ -419,13 +421,14 @@ struct World {
   bool shm = true;
   std::string secret = kSecret;
   double timeout = 20.0;
+  int64_t shm_pipe_bytes = 0;
   std::vector<std::unique_ptr<Endpoint>> eps;
   std::vector<int> ports;  // kept: a child closes the other ranks' endpoints
 
-  World(int n_, std::vector<std::string> hosts, bool use_shm)
+  World(int n_, std::vector<std::string> hosts, bool use_shm, int64_t tcp_buffer_bytes = -1)
       : n(n_), host_ids(std::move(hosts)), shm(use_shm) {
     for (int r = 0; r < n; ++r) {
-      eps.emplace_back(new Endpoint("127.0.0.1"));
+      eps.emplace_back(new Endpoint("127.0.0.1", tcp_buffer_bytes));
       ports.push_back(eps.back()->port());
     }
   }
@@ -438,6 +441,7 @@ struct World {
     o.job_id = g_job;
     o.use_shared_memory = shm;
     o.timeout_seconds = timeout;
+    o.shm_pipe_bytes = shm_pipe_bytes;
     return o;
   }
   Mesh build(int rank) { return build_mesh(*eps[rank], options(rank)); }
@@ -823,6 +827,55 @@ void test_abort(bool shm) {
   CHECK(seconds_since(t0) < 1.0);
 }
 
+int socket_buffer(int fd, int which) {
+  int bytes = 0;
+  socklen_t len = sizeof(bytes);
+  CHECK(::getsockopt(fd, SOL_SOCKET, which, &bytes, &len) == 0);
+  return bytes;
+}
+
+// The transport settings given through the API reach the links: shm_pipe_bytes sizes the pipes
+// (both sides), tcp_buffer_bytes the listening socket, the sockets it accepts and the ones a
+// rank connects. Linux reports twice the requested buffer size (its bookkeeping share);
+// 40000 bytes is below the default net.core.{r,w}mem_max, so the kernel does not cap it.
+void test_transport_settings() {
+  CHECK(shm_pipe_capacity(0) == kDefaultShmPipeBytes);
+  CHECK(shm_pipe_capacity(-5) == kDefaultShmPipeBytes);
+  CHECK(shm_pipe_capacity(100) == 64u << 10);
+  CHECK(shm_pipe_capacity(100000) == 25 * 4096);
+  CHECK(shm_pipe_capacity(int64_t(1) << 40) == size_t(1) << 30);
+  CHECK(tcp_buffer_bytes(-1) == kDefaultTcpBufferBytes);
+  CHECK(tcp_buffer_bytes(0) == 0);
+  CHECK(tcp_buffer_bytes(int64_t(1) << 40) == kMaxTcpBufferBytes);
+
+  World pipes(2, {"h", "h"}, true);
+  pipes.shm_pipe_bytes = 100000;
+  expect_all_ok(fork_ranks(pipes, [&](int r) {
+    Mesh m = pipes.build(r);
+    auto* pipe = dynamic_cast<SharedMemoryPipe*>(m.data[1 - r].get());
+    CHECK(pipe && pipe->capacity() == 25 * 4096);
+  }));
+
+  const int requested = 40000;
+  World tcp(3, {"a", "b", "c"}, true, requested);
+  for (auto& ep : tcp.eps) {
+    CHECK(ep->tcp_buffer_bytes() == requested);
+    CHECK(socket_buffer(ep->fd(), SO_RCVBUF) == 2 * requested);
+  }
+  expect_all_ok(fork_ranks(tcp, [&](int r) {
+    Mesh m = tcp.build(r);
+    for (int q = 0; q < tcp.n; ++q) {
+      if (q == r) continue;
+      // Lower ranks were connected to, higher ranks connected: both kinds of socket.
+      CHECK(socket_buffer(m.data[q]->fd(), SO_RCVBUF) == 2 * requested);
+      CHECK(socket_buffer(m.data[q]->fd(), SO_SNDBUF) == 2 * requested);
+    }
+  }));
+  Endpoint autotuned("127.0.0.1", 0);
+  CHECK(autotuned.tcp_buffer_bytes() == 0);
+  CHECK(socket_buffer(autotuned.fd(), SO_RCVBUF) != 2 * requested);
+}
+
 void test_no_leftover_segments() {
   DIR* d = opendir("/dev/shm");
   if (!d) return;
@@ -844,6 +897,7 @@ int main(int argc, char** argv) {
   run_test("float16/bfloat16 conversions", test_half_conversions);
   run_test("reduce kernels: every dtype x op", test_kernels);
   run_test("kernel throughput", bench_kernels);
+  run_test("transport settings reach the links", test_transport_settings);
   run_test("ring exchange, 2 ranks, shared memory", [] {
     World w(2, {"h", "h"}, true);
     ring_exchange(w, true, true, "shm pipe, 2 ranks");

@@ -240,7 +240,7 @@ class MeshBuilder {
       ::freeaddrinfo(res);
       throw PeerLostError(sys_error("socket"));
     }
-    set_socket_buffers(fd);
+    set_socket_buffers(fd, ep_.tcp_buffer_bytes());
     int rc = ::connect(fd, res->ai_addr, res->ai_addrlen);
     ::freeaddrinfo(res);
     if (rc != 0 && errno != EINPROGRESS) {
@@ -511,7 +511,8 @@ class MeshBuilder {
           throw std::runtime_error("process " + std::to_string(peer_pid_[q]) +
                                    " is not visible from here (another PID namespace?)");
         }
-        auto pipe = SharedMemoryPipe::create(o_.job_id, o_.rank, q, peer_pid_[q]);
+        auto pipe = SharedMemoryPipe::create(o_.job_id, o_.rank, q, peer_pid_[q],
+                                             shm_pipe_capacity(o_.shm_pipe_bytes));
         name = pipe->name();
         offered[q] = std::move(pipe);
       } catch (const std::runtime_error& e) {
@@ -575,7 +576,8 @@ class MeshBuilder {
 
 }  // namespace
 
-Endpoint::Endpoint(const std::string& bind_host) {
+Endpoint::Endpoint(const std::string& bind_host, int64_t tcp_buffer_bytes)
+    : tcp_buffer_bytes_(shvd::tcp_buffer_bytes(tcp_buffer_bytes)) {
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
@@ -594,7 +596,7 @@ Endpoint::Endpoint(const std::string& bind_host) {
   }
   int one = 1;
   ::setsockopt(fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-  set_socket_buffers(fd_);  // accepted sockets inherit these
+  set_socket_buffers(fd_, tcp_buffer_bytes_);  // accepted sockets inherit these
   int rc = ::bind(fd_, res->ai_addr, res->ai_addrlen);
   ::freeaddrinfo(res);
   if (rc != 0 || ::listen(fd_, 1024) != 0) {

@@ -9,6 +9,7 @@
 //      with an HMAC challenge on the job secret (mutual), and sets up shared-memory pipes.
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -31,19 +32,26 @@ struct MeshOptions {
   std::string job_id;              // names shared-memory segments
   bool use_shared_memory = true;
   double timeout_seconds = 30.0;   // whole mesh must be up within this
+  int64_t shm_pipe_bytes = 0;      // capacity of each pipe direction (shm_pipe_capacity())
 };
 
 class Endpoint {
  public:
   // Binds to `bind_host` ("0.0.0.0", "127.0.0.1", an interface's address). Throws on failure.
-  explicit Endpoint(const std::string& bind_host);
+  // `tcp_buffer_bytes` (tcp_buffer_bytes() in tcp.h: < 0 default, 0 kernel autotuning) sizes
+  // the buffers of every data socket of the mesh: the listening socket's now (the sockets it
+  // accepts inherit them), the ones build_mesh() connects later. It is given here and not to
+  // build_mesh() because peers may connect as soon as our port is published.
+  explicit Endpoint(const std::string& bind_host, int64_t tcp_buffer_bytes = -1);
   ~Endpoint();
   int port() const { return port_; }
   int fd() const { return fd_; }
+  int tcp_buffer_bytes() const { return tcp_buffer_bytes_; }
 
  private:
   int fd_ = -1;
   int port_ = 0;
+  int tcp_buffer_bytes_ = 0;
 };
 
 struct Mesh {

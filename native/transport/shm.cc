@@ -41,19 +41,11 @@ struct ShmSegment {
 namespace {
 
 constexpr uint64_t kMagic = 0x7368766470697065ULL;  // "shvdpipe"
-constexpr size_t kDefaultCapacity = 4u << 20;
 // Publish progress at least every this many bytes so the consumer starts copying while the
 // producer is still writing a large message (and the copies stay cache-sized).
 constexpr size_t kPublishChunk = 256u << 10;
 
 size_t data_offset() { return (sizeof(ShmSegment) + 4095) / 4096 * 4096; }
-
-size_t configured_capacity() {
-  const char* env = std::getenv("SPARK_HVD_SHM_PIPE_BYTES");
-  long long v = env && *env ? std::strtoll(env, nullptr, 10) : (long long)kDefaultCapacity;
-  v = std::max(64LL << 10, std::min(v, 1LL << 30));
-  return static_cast<size_t>((v + 4095) / 4096 * 4096);
-}
 
 std::string sanitize(const std::string& s) {
   std::string out;
@@ -67,6 +59,12 @@ std::string sanitize(const std::string& s) {
 std::string sys_error(const std::string& what) { return what + ": " + strerror(errno); }
 
 }  // namespace
+
+size_t shm_pipe_capacity(int64_t requested) {
+  int64_t v = requested > 0 ? requested : int64_t(kDefaultShmPipeBytes);
+  v = std::max<int64_t>(64 << 10, std::min<int64_t>(v, int64_t(1) << 30));
+  return static_cast<size_t>((v + 4095) / 4096 * 4096);
+}
 
 bool process_alive(int pid) {
   if (pid <= 0) return true;  // unknown pid: rely on the closed flag and the control link
@@ -87,8 +85,7 @@ bool process_alive(int pid) {
 
 std::unique_ptr<SharedMemoryPipe> SharedMemoryPipe::create(const std::string& job_id,
                                                            int my_rank, int peer_rank,
-                                                           int peer_pid) {
-  const size_t capacity = configured_capacity();
+                                                           int peer_pid, size_t capacity) {
   const size_t bytes = data_offset() + 2 * capacity;
   uint8_t rnd[8];
   random_bytes(rnd, sizeof(rnd));

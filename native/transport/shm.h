@@ -3,6 +3,7 @@
 // system call, which is what makes intra-host collectives fast.
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <string>
 
@@ -14,11 +15,12 @@ struct ShmSegment;  // layout, private to shm.cc
 
 class SharedMemoryPipe : public Link {
  public:
-  // The lower rank of the pair creates the segment (random name, capacity from
-  // SPARK_HVD_SHM_PIPE_BYTES, default 4 MiB per direction) and sends name() to the peer.
-  // Throws std::runtime_error when shared memory is unavailable (the mesh then uses TCP).
+  // The lower rank of the pair creates the segment (random name, `capacity` bytes per
+  // direction, from shm_pipe_capacity()) and sends name() to the peer; the opener reads the
+  // capacity from the segment. Throws std::runtime_error when shared memory is unavailable
+  // (the mesh then uses TCP).
   static std::unique_ptr<SharedMemoryPipe> create(const std::string& job_id, int my_rank,
-                                                  int peer_rank, int peer_pid);
+                                                  int peer_rank, int peer_pid, size_t capacity);
   // The higher rank opens the segment by the name it received.
   static std::unique_ptr<SharedMemoryPipe> open(const std::string& name, int my_rank,
                                                 int peer_rank, int peer_pid);
@@ -65,6 +67,12 @@ class SharedMemoryPipe : public Link {
   mutable bool peer_closed_ = false;
   mutable bool peer_died_ = false;
 };
+
+// Capacity of each direction of a pipe (the init option shm_pipe_bytes, from
+// SPARK_HVD_SHM_PIPE_BYTES): <= 0 asks for the default, others are bounded to [64 KiB, 1 GiB]
+// and rounded up to whole pages.
+constexpr size_t kDefaultShmPipeBytes = 4u << 20;
+size_t shm_pipe_capacity(int64_t requested);
 
 // Whether `pid` names a live (not zombie) process visible from here.
 bool process_alive(int pid);

@@ -9,7 +9,6 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <cstdlib>
 #include <cstring>
 
 namespace shvd {
@@ -24,12 +23,12 @@ void set_nodelay(int fd) {
   ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
 }
 
-void set_socket_buffers(int fd) {
-  static const int bytes = [] {
-    const char* env = std::getenv("SPARK_HVD_TCP_BUFFER_BYTES");
-    long v = env && *env ? std::strtol(env, nullptr, 10) : 4L << 20;
-    return static_cast<int>(std::max(0L, std::min(v, 1L << 30)));
-  }();
+int tcp_buffer_bytes(int64_t requested) {
+  if (requested < 0) return kDefaultTcpBufferBytes;
+  return static_cast<int>(std::min<int64_t>(requested, kMaxTcpBufferBytes));
+}
+
+void set_socket_buffers(int fd, int bytes) {
   if (bytes <= 0) return;
   // The kernel caps these at net.core.{w,r}mem_max; best effort, failures are not fatal.
   ::setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &bytes, sizeof(bytes));

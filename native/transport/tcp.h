@@ -1,6 +1,8 @@
 // TCP data/control link: the transport that needs nothing installed and works across hosts.
 #pragma once
 
+#include <cstdint>
+
 #include "link.h"
 
 namespace shvd {
@@ -28,10 +30,16 @@ class TcpLink : public Link {
   int peer_rank_;
 };
 
-// Socket buffer sizes for data sockets: SPARK_HVD_TCP_BUFFER_BYTES (default 4 MiB; 0 leaves the
-// kernel's autotuning alone). Call before connect()/listen(): the TCP window scale is fixed by
-// the handshake, and accepted sockets inherit the listening socket's buffers.
-void set_socket_buffers(int fd);
+// Socket buffer sizes of data sockets (shvd_listen's tcp_buffer_bytes, from
+// SPARK_HVD_TCP_BUFFER_BYTES): negative asks for the default, 0 leaves the kernel's autotuning
+// alone, larger values are capped at 1 GiB. tcp_buffer_bytes() turns a requested value into
+// the one set_socket_buffers() applies.
+constexpr int kDefaultTcpBufferBytes = 4 << 20;
+constexpr int kMaxTcpBufferBytes = 1 << 30;
+int tcp_buffer_bytes(int64_t requested);
+// Call before connect()/listen(): the TCP window scale is fixed by the handshake, and accepted
+// sockets inherit the listening socket's buffers. `bytes` <= 0 does nothing.
+void set_socket_buffers(int fd, int bytes);
 void set_nonblocking(int fd);
 void set_nodelay(int fd);
 

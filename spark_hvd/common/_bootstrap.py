@@ -163,7 +163,9 @@ def start(config, comm=None, process_sets=(), rendezvous=None, placement=None, s
     bind_addr = os.environ.get(contract.BIND_ADDR, "")
     peers = ""
     if placement.size > 1:
-        port = check(lib.shvd_listen(bind_addr.encode() or b"0.0.0.0"))
+        port = check(lib.shvd_listen(bind_addr.encode() or b"0.0.0.0",
+                                     -1 if config.tcp_buffer_bytes is None
+                                     else config.tcp_buffer_bytes))
         # The host the other ranks' launcher channel lives on: our rendezvous, or the store /
         # server of another launcher (torchrun, horovodrun, PMI_PORT).
         rendezvous_host = (getattr(rendezvous, "route_host", None)
@@ -205,6 +207,7 @@ def start(config, comm=None, process_sets=(), rendezvous=None, placement=None, s
         shm_single_copy=1 if config.shm_single_copy else 0,
         shm_single_copy_min_bytes=(-1 if config.shm_single_copy_min_bytes is None
                                    else config.shm_single_copy_min_bytes),
-        shm_arenas=1 if config.shared_gradients else 0)
+        shm_arenas=1 if config.shared_gradients else 0,
+        shm_pipe_bytes=config.shm_pipe_bytes)
     check(lib.shvd_init(opts))
     return placement

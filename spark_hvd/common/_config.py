@@ -83,6 +83,11 @@ class Config:
         self.shm_chunk_bytes = env_int("SHM_CHUNK_BYTES", 0)
         self.shm_single_copy = env_flag("SHM_SINGLE_COPY", True)
         self.shm_single_copy_min_bytes = env_int("SHM_SINGLE_COPY_MIN_BYTES", None)
+        # Transport buffers: each direction of a shared-memory pipe (0: the core's 4 MiB), and
+        # the TCP data sockets' send/receive buffers (None: the core's 4 MiB; 0: the kernel's
+        # autotuning).
+        self.shm_pipe_bytes = env_int("SHM_PIPE_BYTES", 0)
+        self.tcp_buffer_bytes = env_int("TCP_BUFFER_BYTES", None)
         # Gradients in memory every local member maps, reduced in place (torch).
         self.shared_gradients = env_flag("SHARED_GRADIENTS", True)
         # Horovod's gloo timeout bounds its connection set-up, as our start timeout does.
@@ -94,7 +99,9 @@ class Config:
         for name, value in (("FUSION_THRESHOLD", self.fusion_threshold),
                             ("CACHE_CAPACITY", self.cache_capacity),
                             ("SHM_CHUNK_BYTES", self.shm_chunk_bytes),
-                            ("SHM_SINGLE_COPY_MIN_BYTES", self.shm_single_copy_min_bytes)):
+                            ("SHM_SINGLE_COPY_MIN_BYTES", self.shm_single_copy_min_bytes),
+                            ("SHM_PIPE_BYTES", self.shm_pipe_bytes),
+                            ("TCP_BUFFER_BYTES", self.tcp_buffer_bytes)):
             if value is not None and value < 0:
                 raise ValueError(f"SPARK_HVD_{name} must be >= 0, got {value}")
         if self.cycle_time_ms < 0:

@@ -52,6 +52,7 @@ class InitOptions(ctypes.Structure):
         ("shm_single_copy", ctypes.c_int32),
         ("shm_single_copy_min_bytes", ctypes.c_int64),
         ("shm_arenas", ctypes.c_int32),
+        ("shm_pipe_bytes", ctypes.c_int64),
     ]
 
 
@@ -70,7 +71,7 @@ def _load():
     i32, i64, vp = ctypes.c_int32, ctypes.c_int64, ctypes.c_void_p
     p_i32, p_i64 = ctypes.POINTER(i32), ctypes.POINTER(i64)
     signatures = {
-        "shvd_listen": (i32, [ctypes.c_char_p]),
+        "shvd_listen": (i32, [ctypes.c_char_p, i64]),
         "shvd_init": (i32, [ctypes.POINTER(InitOptions)]),
         "shvd_shutdown": (i32, []),
         "shvd_is_initialized": (i32, []),
