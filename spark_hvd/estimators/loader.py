@@ -389,7 +389,9 @@ class ShardReader:
         arr = column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
         if arr.null_count:
             raise ShardReadError(f"column {spec.name!r} of shard {path} has {arr.null_count} "
-                                 f"nulls; the format has none (corrupt Store?)")
+                                 f"nulls; training columns cannot have nulls (data given to "
+                                 f"fit_on_parquet: fill or drop them first; prepared data has "
+                                 f"none, so a corrupt Store)")
         if not spec.shape:
             values = arr.to_numpy(zero_copy_only=False)
         else:
