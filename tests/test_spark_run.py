@@ -94,7 +94,7 @@ def test_exception_in_one_rank(spark, tmp_path):
                             stderr=io.StringIO())
     seconds = time.monotonic() - t0
     e = info.value
-    assert (e.rank, e.kind) == (1, "user")
+    assert (e.rank, e.kind, e.state) == (1, "user", "running")
     assert str(e).startswith("rank 1 (host 127.0.0.1) failed: ValueError: deliberate failure")
     assert "Traceback (most recent call last)" in str(e) and "in fail_on" in str(e)
     assert seconds < 60, seconds
@@ -149,3 +149,32 @@ def test_works_when_executors_cannot_reach_the_driver_channel(spark, monkeypatch
     assert "ValueError: deliberate failure on rank 1" in str(info.value)
     assert "in fail_on" in str(info.value)
     assert alive_pids(_pids(tmp_path), timeout=20) == []
+
+
+def test_controller_states_of_finished_and_errored_runs(spark, tmp_path):
+    from spark_hvd.spark._controller import RunController, State
+    log = io.StringIO()
+    ok = RunController(fns.chatty, args=(1,), num_proc=2, spark=spark, stdout=io.StringIO(),
+                       stderr=log, verbose=2)
+    assert ok.run() == [0, 1]
+    assert ok.state is State.FINISHED and ok.error is None
+    assert [state for state, _ in ok.history] == [State.STARTING, State.RUNNING]
+    for step in ("not started -> starting", "starting -> running", "running -> finished"):
+        assert f"job {ok.job_id}: {step}" in log.getvalue(), log.getvalue()
+
+    # A rank fails: the run ends in ERRORED, and the error says it failed while running.
+    failed = RunController(fns.fail_on, args=(1, str(tmp_path)), num_proc=2, spark=spark,
+                           stderr=io.StringIO())
+    with pytest.raises(RunError) as info:
+        failed.run()
+    assert failed.state is State.ERRORED and failed.error is info.value
+    assert [state for state, _ in failed.history] == [State.STARTING, State.RUNNING]
+    assert (info.value.state, info.value.rank) == ("running", 1)
+    assert alive_pids(_pids(tmp_path), timeout=10.0) == []
+
+    # Too few task slots: ERRORED straight from STARTING; no stage ran.
+    short = RunController(fns.empty, num_proc=4, spark=spark)
+    with pytest.raises(RunError, match="offers 2 task slot") as info:
+        short.run()
+    assert short.state is State.ERRORED and info.value.state == "starting"
+    assert [state for state, _ in short.history] == [State.STARTING]

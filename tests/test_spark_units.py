@@ -233,3 +233,22 @@ def test_task_channel_with_wrong_secret_falls_back_to_the_log():
         assert buf.getvalue() == b"[0]<stdout>: kept\n"
     finally:
         driver.close()
+
+
+def test_controller_refuses_illegal_transitions():
+    from spark_hvd.spark._controller import IllegalTransition, RunController, State
+    c = RunController(lambda: None, num_proc=1)
+    with pytest.raises(IllegalTransition, match="not started -> running is not a transition"):
+        c._enter(State.RUNNING)
+    for state in (State.STARTING, State.RUNNING, State.RESTARTING, State.RUNNING,
+                  State.FINISHED):
+        c._enter(state)
+    assert [s for s, _ in c.history] == [State.STARTING, State.RUNNING, State.RESTARTING,
+                                         State.RUNNING]
+    for after_the_end in State:  # a terminal state is final
+        with pytest.raises(IllegalTransition, match="from finished: none"):
+            c._enter(after_the_end)
+    c = RunController(lambda: None, num_proc=1)
+    c._enter(State.STARTING)
+    with pytest.raises(IllegalTransition, match="starting -> finished"):
+        c._enter(State.FINISHED)  # a run that never ran cannot finish

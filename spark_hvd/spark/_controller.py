@@ -1,18 +1,32 @@
-"""The driver side of ``spark_hvd.spark.run``: a small controller with named states.
+"""The driver side of ``spark_hvd.spark.run``: a controller driven by its state.
 
-    CHECKING ──> STARTING ──> RUNNING ──> COLLECTING ──> FINISHED
-        │            │           │             │
-        └────────────┴───────────┴─────────────┴──> FAILED
+    STARTING ──> RUNNING ──────────> FINISHED
+        │         │    ▲
+        │         ▼    │
+        │       RESTARTING            (no policy enters it yet: fault-tolerant fitting)
+        │         │
+        └─────────┴──────────────> ERRORED   (from STARTING, RUNNING or RESTARTING)
 
-CHECKING   the session is usable (not TLS unless allowed), enough task slots exist (waiting up
-           to ``start_timeout`` on clusters whose executors may still be registering).
-STARTING   job secret and id, the channel for output and status, the pickled function.
+As in Ray Train v2's controller, :meth:`RunController.run` is one loop: the step of the current
+state does its work and returns the next state, until a terminal one. Every transition is checked
+against :data:`TRANSITIONS` (an illegal one is a bug in this module and raises
+:class:`IllegalTransition`) and logged at ``verbose=2`` with the time spent in the state left; a
+:class:`RunError` says in which state the run failed (``RunError.state``).
+
+STARTING   the session is usable (not TLS unless allowed), enough task slots exist (waiting up
+           to ``start_timeout`` on clusters whose executors may still be registering); job
+           secret and id, the channel for output and status, the pickled function.
 RUNNING    one barrier stage of ``num_proc`` tasks through ``mapInArrow(..., barrier=True)``
            (the same call for classic and Spark Connect sessions); a watchdog cancels it if the
-           tasks do not all start within ``start_timeout``.
-COLLECTING each rank's pickled result, put in rank order; the ranks' last output lines.
-FAILED     the failing rank's report (its traceback) becomes the :class:`RunError`; the other
-           tasks are told to stop their ranks, and the driver waits (bounded) until they did.
+           tasks do not all start within ``start_timeout``. Then each rank's pickled result, in
+           rank order, and the ranks' last output lines.
+RESTARTING the failed attempt's ranks are stopped and a new attempt is prepared, then RUNNING
+           again. :meth:`RunController._after_failure` is where a retry policy will choose it
+           over ERRORED; today every failure is final.
+FINISHED   the ranks' results (terminal).
+ERRORED    the failing rank's report (its traceback) is the :class:`RunError`; the other tasks
+           were told to stop their ranks, and the driver waited (bounded) until they did
+           (terminal).
 """
 
 from __future__ import annotations
@@ -48,12 +62,36 @@ _KIND_ORDER = {"user": 0, "crash": 1, "internal": 2}
 
 
 class State(enum.Enum):
-    CHECKING = "checking"
+    """Where one run is (see the module's diagram)."""
     STARTING = "starting"
     RUNNING = "running"
-    COLLECTING = "collecting"
+    RESTARTING = "restarting"
     FINISHED = "finished"
-    FAILED = "failed"
+    ERRORED = "errored"
+
+    @property
+    def terminal(self) -> bool:
+        """True for the states a run ends in."""
+        return self in (State.FINISHED, State.ERRORED)
+
+
+# The states each state may be followed by (None: before the run starts).
+TRANSITIONS: dict[State | None, frozenset[State]] = {
+    None: frozenset({State.STARTING}),
+    State.STARTING: frozenset({State.RUNNING, State.ERRORED}),
+    State.RUNNING: frozenset({State.FINISHED, State.RESTARTING, State.ERRORED}),
+    State.RESTARTING: frozenset({State.RUNNING, State.ERRORED}),
+    State.FINISHED: frozenset(),
+    State.ERRORED: frozenset(),
+}
+
+
+class IllegalTransition(RuntimeError):
+    """The controller tried a transition :data:`TRANSITIONS` does not have: a bug."""
+
+
+def _name(state: State | None) -> str:
+    return "not started" if state is None else state.value
 
 
 def _start_timeout(value) -> float:
@@ -141,11 +179,16 @@ class RunController:
         self.timestamp = prefix_output_with_timestamp
         self.executable = executable
         self.spark = spark
-        self.state = None
+        self.state: State | None = None
+        # The states left so far and the seconds spent in each, in order.
+        self.history: list[tuple[State, float]] = []
+        self.results: list | None = None   # FINISHED: the ranks' return values
+        self.error: BaseException | None = None   # ERRORED: what run() raises
         self.channel = None
-        self.job_id = None
-        self.timings: dict[str, float] = {}
-        self._started_all = threading.Event()
+        # Drawn now, so that every line logged about this run names it.
+        self.job_id = secrets.token_hex(4)
+        self.spec: _task.TaskSpec | None = None
+        self._entered_at = time.monotonic()
         self._done = threading.Event()
         self._start_timed_out = False
         self._start_missing: list[int] = []
@@ -155,36 +198,64 @@ class RunController:
             self.stderr.write_line(f"spark_hvd.spark: {message}\n".encode())
 
     def _enter(self, state: State) -> None:
-        self.state = state
-        self.timings[state.value] = time.monotonic()
-        self.log(f"{state.value}" + (f" (job {self.job_id})" if self.job_id else ""), level=2)
+        """Moves to ``state``; :class:`IllegalTransition` when the current state cannot be
+        followed by it."""
+        if state not in TRANSITIONS[self.state]:
+            allowed = ", ".join(sorted(s.value for s in TRANSITIONS[self.state])) or "none"
+            raise IllegalTransition(
+                f"spark_hvd.spark.run controller (job {self.job_id}): {_name(self.state)} -> "
+                f"{state.value} is not a transition (from {_name(self.state)}: {allowed})")
+        now = time.monotonic()
+        if self.state is not None:
+            self.history.append((self.state, now - self._entered_at))
+        self.log(f"job {self.job_id}: {_name(self.state)} -> {state.value}"
+                 + (f" after {now - self._entered_at:.1f} s" if self.state else ""), level=2)
+        self.state, self._entered_at = state, now
 
-    # -- states ---------------------------------------------------------------------------------
+    # -- the loop and its steps -----------------------------------------------------------------
 
     def run(self) -> list:
-        t0 = time.monotonic()
-        self.timings["call"] = t0
+        """Drives the run from STARTING to FINISHED (returns the ranks' results in rank order)
+        or ERRORED (raises the run's error)."""
+        steps = {State.STARTING: self._start, State.RUNNING: self._run_attempt}
+        self._enter(State.STARTING)
         try:
-            self._enter(State.CHECKING)
-            self._check()
-            self._enter(State.STARTING)
-            spec = self._prepare()
-            self._enter(State.RUNNING)
-            rows = self._run_stage(spec)
-            self._enter(State.COLLECTING)
-            results = assemble_results(rows, self.num_proc)
-            if not self.channel.wait_output(timeout=5.0):
-                self.log("some ranks' last output lines did not arrive")
-            self._enter(State.FINISHED)
-            self.log(f"{self.num_proc} ranks finished in {time.monotonic() - t0:.1f} s", 2)
-            return results
-        except BaseException:
-            self.state = State.FAILED
-            raise
+            while not self.state.terminal:
+                try:
+                    following = steps[self.state]()
+                except BaseException as e:  # noqa: BLE001 - raised again from ERRORED below
+                    following = self._after_failure(e)
+                self._enter(following)
         finally:
             self._done.set()
             if self.channel is not None:
                 self.channel.close()
+        if self.state is State.ERRORED:
+            raise self.error
+        spent = ", ".join(f"{state.value} {seconds:.1f} s" for state, seconds in self.history)
+        self.log(f"{self.num_proc} ranks finished ({spent})", 2)
+        return self.results
+
+    def _start(self) -> State:
+        self._check()
+        self.spec = self._prepare()
+        return State.RUNNING
+
+    def _run_attempt(self) -> State:
+        rows = self._run_stage(self.spec)
+        self.results = assemble_results(rows, self.num_proc)
+        if not self.channel.wait_output(timeout=5.0):
+            self.log("some ranks' last output lines did not arrive")
+        return State.FINISHED
+
+    def _after_failure(self, error: BaseException) -> State:
+        """The state after a step failed with ``error``. Every failure ends the run today;
+        fault-tolerant fitting will return RESTARTING here while its retries last."""
+        self.error = error
+        if isinstance(error, RunError):
+            error.state = self.state.value
+        self.log(f"job {self.job_id}: {type(error).__name__} while {self.state.value}", level=2)
+        return State.ERRORED
 
     def _check(self) -> None:
         self.spark = spark = _session.active_session(self.spark)
@@ -224,7 +295,6 @@ class RunController:
     def _prepare(self) -> _task.TaskSpec:
         import cloudpickle
         secret = make_secret()
-        self.job_id = secrets.token_hex(4)
         bind, advertise = _session.channel_hosts(self.spark)
         self.channel = DriverChannel(self.job_id, secret, self.num_proc, bind, advertise,
                                      {STDOUT: self.stdout, STDERR: self.stderr})
@@ -273,8 +343,6 @@ class RunController:
         if self._done.is_set():
             return
         if len(started) == self.num_proc:
-            self.timings["all_started"] = time.monotonic()
-            self._started_all.set()
             self.log(f"all {self.num_proc} tasks started", level=2)
             return
         if not started and _session.is_connect(self.spark):

@@ -7,9 +7,12 @@ class RunError(RuntimeError):
 
     When a rank failed, ``rank`` is that rank, ``host`` its host, ``kind`` one of ``"user"``
     (``fn`` raised), ``"crash"`` (the process died) or ``"internal"`` (it lost a peer), and
-    ``detail`` its Python traceback or exit status; the message holds all of them.
+    ``detail`` its Python traceback or exit status; the message holds all of them. ``state``
+    is the state ``spark_hvd.spark.run``'s controller was in when the run failed:
+    ``"starting"`` (checks, task slots, pickling) or ``"running"`` (the ranks).
     """
 
-    def __init__(self, message, rank=None, host=None, kind=None, detail=None):
+    def __init__(self, message, rank=None, host=None, kind=None, detail=None, state=None):
         super().__init__(message)
         self.rank, self.host, self.kind, self.detail = rank, host, kind, detail
+        self.state = state
