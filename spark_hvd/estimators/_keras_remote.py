@@ -327,8 +327,8 @@ def _epoch_callback(keras, reporter, store, run_id, steps, rows_per_epoch, rank)
             reporter.start(epoch, steps)
 
         def on_train_batch_end(self, batch, logs=None):
-            if reporter.verbose >= 2 and rank == 0:
-                reporter.step(1, float((logs or {}).get("loss", float("nan"))))
+            loss = (logs or {}).get("loss") if reporter.wants_step_loss else None
+            reporter.step(1, float(loss) if loss is not None else None)
 
         def on_epoch_end(self, epoch, logs=None):
             metrics = {k: float(v) for k, v in (logs or {}).items() if _is_number(v)}
@@ -399,6 +399,7 @@ def train_on_rank(config, resume):
     start_epoch, history = hvd.broadcast_object((start_epoch, history), root_rank=0)
 
     scratch = tempfile.mkdtemp(prefix="spark_hvd_keras_rank_")
+    reporter = None
     train_reader, val_reader = _training.make_readers(config, rank, size)
     try:
         convert = _batch_converter(config)
@@ -410,7 +411,8 @@ def train_on_rank(config, resume):
             validation = _BatchStream(val_reader, convert, 0, repeat=False).dataset(
                 sample, prefetch)
         epochs, steps = config["epochs"], train_reader.steps_per_epoch
-        reporter = _training.EpochReporter(rank, epochs, config["verbose"], history)
+        reporter = _training.EpochReporter(rank, epochs, config["verbose"], history,
+                                           store=store, run_id=run_id)
         fit_callbacks = [hvd.callbacks.BroadcastGlobalVariablesCallback(0),
                          hvd.callbacks.MetricAverageCallback(), *callbacks,
                          _epoch_callback(keras, reporter, store, run_id, steps,
@@ -426,6 +428,8 @@ def train_on_rank(config, resume):
         return {"model": _trained_model_bytes(model, checkpoint_callback),
                 "history": reporter.history}
     finally:
+        if reporter is not None:
+            reporter.close()
         train_reader.close()
         if val_reader is not None:
             val_reader.close()

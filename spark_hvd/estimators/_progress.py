@@ -4,6 +4,9 @@ Rank 0 prints one marked JSON line per event on its stdout; ``spark.run`` forwar
 of the ranks to the driver, where :class:`ProgressSink` (the stream given to ``run``) turns the
 marked lines into one line per epoch (``verbose=1``) or a tqdm bar (``verbose=2``) and passes
 everything else through. No extra connection or port is needed for progress.
+
+Listeners (``ProgressSink.add_listener``) see every event as it arrives, whatever the
+verbosity: experiment tracking logs each epoch's metrics from there while training runs.
 """
 
 from __future__ import annotations
@@ -37,6 +40,22 @@ class ProgressSink:
         self._bar = None
         self._lock = threading.Lock()
         self._epoch_started = time.monotonic()
+        self._listeners = []
+
+    def add_listener(self, listener) -> None:
+        """Calls ``listener(kind, fields)`` for every progress event from now on (on the thread
+        that forwards the ranks' output). An exception in a listener is printed once and the
+        listener dropped: tracking must not break the training it watches."""
+        self._listeners.append(listener)
+
+    def _notify(self, kind: str, event: dict) -> None:
+        for listener in list(self._listeners):
+            try:
+                listener(kind, dict(event))
+            except Exception as error:  # noqa: BLE001 - see add_listener
+                self._listeners.remove(listener)
+                sys.stderr.write(f"spark_hvd: progress listener {listener!r} failed and was "
+                                 f"removed: {type(error).__name__}: {error}\n")
 
     def write(self, text: str) -> int:
         with self._lock:
@@ -68,6 +87,7 @@ class ProgressSink:
             self.out.write(line)
             return
         kind = event.pop("event", "")
+        self._notify(kind, event)
         if kind == "epoch_start":
             self._epoch_started = time.monotonic()
             if self.verbose >= 2:

@@ -214,7 +214,8 @@ def train_on_rank(config, resume):
 
     train_reader, val_reader = _training.make_readers(config, rank, size)
     epochs = config["epochs"]
-    reporter = _training.EpochReporter(rank, epochs, config["verbose"], history)
+    reporter = _training.EpochReporter(rank, epochs, config["verbose"], history, store=store,
+                                       run_id=run_id)
     callbacks = config["callbacks"]
     _training.call_hooks(callbacks, "on_train_begin", model=model, optimizer=optimizer)
     try:
@@ -255,6 +256,7 @@ def train_on_rank(config, resume):
                 torch.save(state, buffer)
                 _training.save_checkpoint(store, run_id, epoch, buffer.getvalue(), "pt")
     finally:
+        reporter.close()
         train_reader.close()
         if val_reader is not None:
             val_reader.close()

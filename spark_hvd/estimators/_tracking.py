@@ -1,21 +1,311 @@
-"""Experiment tracking of a fit (MLflow), on the driver.
+"""Experiment tracking of a fit in MLflow, on the driver.
 
-``track_fit`` wraps one ``fit``: it sees the progress events rank 0 sends (through the fit's
-``ProgressSink``) and the trained model. This first version tracks nothing; MLflow logging
-is built on these two hooks.
+``track_fit`` wraps one ``fit`` (TorchEstimator, KerasEstimator, LightningEstimator: nothing
+here depends on the framework but the choice of MLflow flavour for the trained model). When
+tracking is on it
+
+- uses the MLflow run active on the fitting thread, or starts one named after the fit's
+  ``run_id`` (and ends it when the fit ends: FINISHED, or FAILED with the error),
+- logs the estimator's Params (objects as their ``repr``; ``env`` is never logged: it may hold
+  credentials) and tags ``spark_hvd.run_id``, ``spark_hvd.store`` and
+  ``spark_hvd.tensorboard_logdir``,
+- logs every epoch's metrics (step = epoch) as soon as rank 0 reports the epoch, from the
+  driver's ProgressSink, plus ``rows_per_second``; epochs it did not see live (a custom
+  backend without the sink, a resumed run's earlier epochs) are logged from the history at
+  the end,
+- logs the trained model with MLflow's own flavour (``mlflow.pytorch`` for ``torch.nn.Module``
+  including Lightning modules, ``mlflow.keras`` for Keras models) under the artifact name
+  ``model``, and the history plot (``history.png``) when matplotlib is installed,
+- and sets the returned model's ``mlflow_run_id`` Param (``getMlflowRunId()``).
+
+Tracking is on when ``mlflow_tracking=True``, or ``mlflow_tracking_uri`` is set, or (the
+default, ``mlflow_tracking=None``) MLflow is installed and either a run is active or a
+tracking URI is set (``mlflow.set_tracking_uri`` or ``MLFLOW_TRACKING_URI``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
+import sys
+import time
+import warnings
+
+MODEL_ARTIFACT = "model"
+MAX_PARAM_LENGTH = 6000       # MLflow's limit on a param value's length
+_NOT_LOGGED = frozenset({"env", "mlflow_tracking", "mlflow_tracking_uri"})
 
 
 class _NoTracking:
+    mlflow_run_id = None
+
     def log_model(self, model) -> None:
         """Logs the trained model (a Transformer of this package)."""
 
 
+def _param(stage, name):
+    return stage.getOrDefault(name) if stage.hasParam(name) else None
+
+
+def _mlflow(required: bool):
+    """The mlflow module; None when it is not installed and not ``required``."""
+    try:
+        import mlflow
+    except ImportError as error:
+        if not required:
+            return None
+        raise ImportError("MLflow tracking was asked for (mlflow_tracking=True or "
+                          "mlflow_tracking_uri) but MLflow is not installed: pip install "
+                          f"mlflow-skinny (or mlflow) ({error})") from error
+    return mlflow
+
+
+def tracking_uri_set(mlflow) -> bool:
+    from mlflow.tracking._tracking_service import utils
+    return bool(utils.is_tracking_uri_set())
+
+
+def mlflow_for(estimator):
+    """The mlflow module when ``estimator``'s fit is to be tracked, else None."""
+    flag = _param(estimator, "mlflow_tracking")
+    if flag is False:
+        return None
+    if flag or _param(estimator, "mlflow_tracking_uri"):
+        return _mlflow(required=True)
+    # Automatic: a user with an active run has imported MLflow; a tracking URI may also come
+    # from the environment alone.
+    if "mlflow" in sys.modules:
+        mlflow = sys.modules["mlflow"]
+        return mlflow if mlflow.active_run() is not None or tracking_uri_set(mlflow) else None
+    if os.environ.get("MLFLOW_TRACKING_URI"):
+        return _mlflow(required=False)
+    return None
+
+
+def param_strings(estimator) -> dict:
+    """The estimator's Params as MLflow param values (strings within MLflow's length limit)."""
+    from ._params import param_values
+    values = {}
+    for name, value in sorted(param_values(estimator).items()):
+        if name in _NOT_LOGGED or name.startswith("_"):
+            continue
+        if value is None or isinstance(value, (bool, int, float, str)):
+            text = str(value)
+        elif isinstance(value, (list, tuple)) and all(
+                v is None or isinstance(v, (bool, int, float, str)) for v in value):
+            text = str(list(value))
+        else:
+            text = repr(value)
+        values[name] = text if len(text) <= MAX_PARAM_LENGTH else \
+            text[:MAX_PARAM_LENGTH - 3] + "..."
+    return values
+
+
+@contextlib.contextmanager
+def _tracking_uri(mlflow, uri):
+    if not uri:
+        yield
+        return
+    from mlflow.tracking._tracking_service import utils
+    with utils._use_tracking_uri(uri):
+        yield
+
+
+class MlflowTracking:
+    """One fit's MLflow run (see the module's docstring)."""
+
+    def __init__(self, mlflow, estimator, run_id: str, owned: bool):
+        self.mlflow, self.estimator, self.run_id = mlflow, estimator, run_id
+        self.owned = owned
+        self.mlflow_run_id = mlflow.active_run().info.run_id
+        self.client = mlflow.MlflowClient(tracking_uri=mlflow.get_tracking_uri())
+        self.epochs_logged = set()
+        self._failed_live = False
+
+    def start(self) -> None:
+        store = _param(self.estimator, "store")
+        tags = {"spark_hvd.run_id": self.run_id,
+                "spark_hvd.estimator": type(self.estimator).__name__}
+        if store is not None:
+            tags["spark_hvd.store"] = str(getattr(store, "prefix_path", store))
+            tags["spark_hvd.tensorboard_logdir"] = store.get_logs_path(self.run_id)
+        self.mlflow.set_tags(tags)
+        try:
+            self.mlflow.log_params(param_strings(self.estimator))
+        except self.mlflow.exceptions.MlflowException as error:
+            # A second fit in the same run with other Params: MLflow refuses to change a
+            # param's value. The metrics and the model are still logged.
+            warnings.warn(f"spark_hvd: the estimator's Params were not logged to MLflow run "
+                          f"{self.mlflow_run_id} ({error}); fit each estimator in its own run "
+                          f"(e.g. mlflow.start_run(nested=True))", stacklevel=4)
+
+    # -- progress events (on the thread that forwards the ranks' output) ------------------
+
+    def on_event(self, kind: str, event: dict) -> None:
+        if kind != "epoch_end":
+            return
+        metrics = dict(event.get("metrics") or {})
+        if event.get("rows_per_second"):
+            metrics["rows_per_second"] = event["rows_per_second"]
+        try:
+            self._log_epoch(int(event["epoch"]), metrics)
+        except Exception as error:  # noqa: BLE001 - a tracking server's hiccup must not stop
+            if not self._failed_live:  # training; the history is logged again at the end
+                self._failed_live = True
+                sys.stderr.write(f"spark_hvd: logging epoch {event.get('epoch')} to MLflow "
+                                 f"failed ({type(error).__name__}: {error}); the remaining "
+                                 f"epochs are logged when the fit ends\n")
+
+    def _log_epoch(self, epoch: int, metrics: dict) -> None:
+        from mlflow.entities import Metric
+        now = int(time.time() * 1000)
+        self.client.log_batch(self.mlflow_run_id, metrics=[
+            Metric(key=k, value=float(v), timestamp=now, step=epoch)
+            for k, v in metrics.items()])
+        self.epochs_logged.add(epoch)
+
+    # -- the end of the fit ------------------------------------------------------------------
+
+    def log_model(self, model) -> None:
+        """Logs the epochs not seen live, the trained model and the history plot, and sets
+        the model's ``mlflow_run_id``."""
+        history = _param(model, "history") or {}
+        epochs = max((len(v) for v in history.values()), default=0)
+        for epoch in range(epochs):
+            if epoch not in self.epochs_logged:
+                self._log_epoch(epoch, {k: v[epoch] for k, v in history.items()
+                                        if epoch < len(v)})
+        # MLflow 3 links the run's metrics at the model's step to the logged model: those of
+        # the last epoch, whose weights these are.
+        log_flavour(self.mlflow, model, step=max(epochs - 1, 0))
+        if history:
+            self._log_history_plot(history)
+        if model.hasParam("mlflow_run_id"):
+            model._set(mlflow_run_id=self.mlflow_run_id)
+
+    def _log_history_plot(self, history) -> None:
+        import tempfile
+
+        from . import _history
+        if not _history.matplotlib_available():
+            return
+        with tempfile.TemporaryDirectory(prefix="spark_hvd_mlflow_") as directory:
+            path = os.path.join(directory, "history.png")
+            _history.plot_history(history, path, title=self.run_id)
+            self.mlflow.log_artifact(path)
+
+    def end(self, error: BaseException | None) -> None:
+        if self.owned:
+            self.mlflow.end_run("FINISHED" if error is None else "FAILED")
+
+
+def log_flavour(mlflow, model, step: int = 0) -> None:
+    """Logs the trained framework model of ``model`` (a Transformer) as the artifact
+    ``model`` with MLflow's flavour for it (``step``: the epoch whose metrics describe it)."""
+    inner = _param(model, "model")
+    torch = sys.modules.get("torch")
+    keras = sys.modules.get("keras")
+    if torch is not None and isinstance(inner, torch.nn.Module):
+        _log_torch(mlflow, model, inner, step)
+    elif keras is not None and isinstance(inner, keras.Model):
+        import mlflow.keras
+        mlflow.keras.log_model(inner, **_artifact_name(mlflow.keras.log_model, step))
+    else:
+        warnings.warn(f"spark_hvd: MLflow has no flavour here for a {type(inner).__name__}; "
+                      "the trained model was not logged", stacklevel=3)
+
+
+def _artifact_name(log_model, step: int) -> dict:
+    import inspect
+    # MLflow 3 names a logged model with name= and links it to a step; MLflow 2 took
+    # artifact_path= and had no step.
+    parameters = inspect.signature(log_model).parameters
+    if "name" not in parameters:
+        return {"artifact_path": MODEL_ARTIFACT}
+    return {"name": MODEL_ARTIFACT, **({"step": step} if "step" in parameters else {})}
+
+
+def torch_example(model, module):
+    """(input example, signature) of a TorchModel: two rows of zeros per feature column, in
+    the dtype and shape ``transform`` feeds the module, and the outputs they give."""
+    import numpy as np
+    import torch
+    from mlflow.models import ModelSignature
+    from mlflow.types import Schema, TensorSpec
+
+    from ._torch_remote import as_tensor
+    from ._transform import reshape_batch
+    metadata = _param(model, "training_metadata")
+    columns = list(_param(model, "feature_cols"))
+    shapes = _param(model, "input_shapes") or [None] * len(columns)
+    inputs = []
+    for column, shape in zip(columns, shapes):
+        info = metadata["columns"][column]
+        zeros = np.zeros((2, *info["shape"]), dtype=info["dtype"])
+        inputs.append(as_tensor(reshape_batch(zeros, shape)).numpy())
+    with torch.inference_mode():
+        outputs = module(*[torch.from_numpy(x) for x in inputs])
+    outputs = outputs if isinstance(outputs, (list, tuple)) else [outputs]
+
+    def spec(arrays, names):
+        return Schema([TensorSpec(a.dtype, (-1, *a.shape[1:]), name) for a, name in
+                       zip(arrays, names)])
+    outputs = [o.detach().cpu().numpy() for o in outputs]
+    out_names = (list(_param(model, "output_cols") or []) or
+                 [f"output_{i}" for i in range(len(outputs))])
+    signature = ModelSignature(inputs=spec(inputs, columns), outputs=spec(outputs, out_names))
+    return tuple(inputs) if len(inputs) > 1 else inputs[0], signature
+
+
+def _log_torch(mlflow, model, module, step: int) -> None:
+    import inspect
+
+    import mlflow.pytorch
+    kwargs = _artifact_name(mlflow.pytorch.log_model, step)
+    formats = "serialization_format" in inspect.signature(mlflow.pytorch.log_model).parameters
+    if _param(model, "training_metadata") is not None:
+        try:
+            example, signature = torch_example(model, module)
+            kwargs.update(input_example=example, signature=signature)
+        except Exception as error:  # noqa: BLE001 - the model is still logged, pickled
+            warnings.warn(f"spark_hvd: no input example for MLflow ({error})", stacklevel=4)
+    if formats and "input_example" in kwargs:
+        try:
+            # MLflow's default, safe format: torch.export's graph, traced on the example.
+            mlflow.pytorch.log_model(module, serialization_format="pt2", **kwargs)
+            return
+        except Exception as error:  # noqa: BLE001 - torch.export cannot trace every module
+            warnings.warn(f"spark_hvd: torch.export could not trace the model for MLflow's "
+                          f"'pt2' format ({type(error).__name__}: {error}); logged pickled "
+                          "instead", stacklevel=4)
+    if formats:
+        kwargs["serialization_format"] = "pickle"
+    mlflow.pytorch.log_model(module, **kwargs)
+
+
 @contextlib.contextmanager
 def track_fit(estimator, run_id: str, sink):
-    """Tracks one fit of ``estimator`` (run ``run_id``, progress through ``sink``)."""
-    yield _NoTracking()
+    """Tracks one fit of ``estimator`` (run ``run_id``, progress through ``sink``); yields an
+    object whose ``log_model(model)`` is called with the trained model."""
+    mlflow = mlflow_for(estimator)
+    if mlflow is None:
+        yield _NoTracking()
+        return
+    uri = _param(estimator, "mlflow_tracking_uri")
+    active = mlflow.active_run()
+    if active is not None and uri and uri != mlflow.get_tracking_uri():
+        raise ValueError(f"{type(estimator).__name__}: mlflow_tracking_uri={uri!r} differs from "
+                         f"the tracking URI of the active MLflow run {active.info.run_id} "
+                         f"({mlflow.get_tracking_uri()!r}); end that run or drop the Param")
+    with _tracking_uri(mlflow, None if active is not None else uri):
+        if active is None:
+            mlflow.start_run(run_name=run_id)
+        tracking = MlflowTracking(mlflow, estimator, run_id, owned=active is None)
+        try:
+            tracking.start()
+            sink.add_listener(tracking.on_event)
+            yield tracking
+        except BaseException as error:
+            tracking.end(error)
+            raise
+        tracking.end(None)

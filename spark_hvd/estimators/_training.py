@@ -70,20 +70,42 @@ class MeanAccumulator:
 
 
 class EpochReporter:
-    """Rank 0's progress events to the driver and the run's history."""
+    """Rank 0's account of training: progress events to the driver (the driver's
+    ProgressSink prints them and passes them to tracking), the run's history, and the
+    TensorBoard event files under ``runs/<run_id>/logs/`` when ``store`` is given."""
 
-    def __init__(self, rank: int, epochs: int, verbose: int, history: dict | None = None):
+    def __init__(self, rank: int, epochs: int, verbose: int, history: dict | None = None,
+                 store=None, run_id: str | None = None):
         self.rank, self.epochs, self.verbose = rank, epochs, verbose
         self.history = {k: list(v) for k, v in (history or {}).items()}
         self._started = time.monotonic()
+        self.global_step = 0
+        self.logs = None
+        if rank == 0 and store is not None and store.saving_runs():
+            from . import _tensorboard
+            self.logs, problem = _tensorboard.open_run_logs(store, run_id)
+            if problem and verbose:
+                _progress.report("message", text=problem)
+
+    @property
+    def wants_step_loss(self) -> bool:
+        """Whether ``step`` uses the loss (a framework may skip computing it otherwise)."""
+        return self.rank == 0 and (self.logs is not None or self.verbose >= 2)
 
     def start(self, epoch: int, steps: int) -> None:
         self._started = time.monotonic()
-        if self.rank == 0 and self.verbose:
+        self.global_step = epoch * steps
+        # Sent whatever the verbosity: the driver's tracking listens to the epochs.
+        if self.rank == 0:
             _progress.report("epoch_start", epoch=epoch, epochs=self.epochs, steps=steps)
 
     def step(self, steps: int = 1, loss: float | None = None) -> None:
-        if self.rank == 0 and self.verbose >= 2:
+        self.global_step += steps
+        if self.rank != 0:
+            return
+        if self.logs is not None and loss is not None:
+            self.logs.step(self.global_step, loss)
+        if self.verbose >= 2:
             fields = {"steps": steps}
             if loss is not None:
                 fields["loss"] = float(loss)
@@ -95,11 +117,20 @@ class EpochReporter:
         for k, v in metrics.items():
             self.history.setdefault(k, []).append(float(v))
         seconds = time.monotonic() - self._started
-        if self.rank == 0 and self.verbose:
-            _progress.report("epoch_end", epoch=epoch, epochs=self.epochs,
-                             metrics={k: float(v) for k, v in metrics.items()},
-                             rows_per_second=rows / seconds if seconds > 0 else None,
-                             seconds=seconds)
+        if self.rank != 0:
+            return
+        metrics = {k: float(v) for k, v in metrics.items()}
+        rate = rows / seconds if seconds > 0 else None
+        if self.logs is not None:
+            self.logs.epoch(epoch, metrics, rate)
+        _progress.report("epoch_end", epoch=epoch, epochs=self.epochs, metrics=metrics,
+                         rows_per_second=rate, seconds=seconds)
+
+    def close(self) -> None:
+        """Closes the TensorBoard files (and copies them to a remote Store)."""
+        if self.logs is not None:
+            self.logs.close()
+            self.logs = None
 
 
 def save_checkpoint(store, run_id: str, epoch: int, data: bytes, extension: str) -> str:
