@@ -1,12 +1,8 @@
 """model.plot_history / estimators._history.plot_history: the history drawn to PNG and SVG, and
 the error naming matplotlib when it is missing (hidden in a subprocess)."""
 
-import os
-import subprocess
-import sys
-import textwrap
-
 import pytest
+from hide_package import run_without
 
 from spark_hvd.estimators import _history
 
@@ -57,16 +53,7 @@ def test_model_plot_history_uses_its_history(tmp_path):
 
 
 def test_missing_matplotlib_is_named(tmp_path):
-    script = textwrap.dedent(f"""
-        import sys
-
-        class HideMatplotlib:
-            def find_spec(self, name, path=None, target=None):
-                if name == "matplotlib" or name.startswith("matplotlib."):
-                    raise ModuleNotFoundError(f"No module named {{name!r}}", name=name)
-                return None
-
-        sys.meta_path.insert(0, HideMatplotlib())
+    proc = run_without("matplotlib", f"""
         from spark_hvd.estimators import _history
         assert not _history.matplotlib_available()
         try:
@@ -76,8 +63,6 @@ def test_missing_matplotlib_is_named(tmp_path):
         else:
             print("NO ERROR")
     """)
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                          timeout=120, env=dict(os.environ))
     assert proc.returncode == 0, proc.stderr
     assert "ERROR: plot_history needs matplotlib, which is not installed: pip install " \
            "matplotlib" in proc.stdout, proc.stdout

@@ -8,9 +8,7 @@ import importlib
 import io
 import json
 import os
-import subprocess
 import sys
-import textwrap
 import time
 from pathlib import Path
 
@@ -26,6 +24,7 @@ import cloudpickle  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "spark_workers"))
 import estimator_fns  # noqa: E402
+from hide_package import run_without  # noqa: E402
 
 from spark_hvd.estimators import Store, TorchEstimator, TorchModel  # noqa: E402
 from spark_hvd.estimators import _progress, _tracking  # noqa: E402
@@ -213,16 +212,7 @@ def test_tracking_switch(mlflow_store, tmp_path):
 
 
 def test_tracking_asked_without_mlflow_names_the_package():
-    script = textwrap.dedent("""
-        import sys
-
-        class HideMlflow:
-            def find_spec(self, name, path=None, target=None):
-                if name == "mlflow" or name.startswith("mlflow."):
-                    raise ModuleNotFoundError(f"No module named {name!r}", name=name)
-                return None
-
-        sys.meta_path.insert(0, HideMlflow())
+    proc = run_without("mlflow", """
         from spark_hvd.estimators import TorchEstimator, _tracking
         assert _tracking.mlflow_for(TorchEstimator()) is None
         try:
@@ -230,8 +220,6 @@ def test_tracking_asked_without_mlflow_names_the_package():
         except ImportError as error:
             print("ERROR:", error)
     """)
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                          timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert "ERROR: MLflow tracking was asked for (mlflow_tracking=True or " \
            "mlflow_tracking_uri) but MLflow is not installed: pip install mlflow-skinny" \
