@@ -18,8 +18,10 @@ import importlib
 import logging
 import math
 import os
+import sys
 import tempfile
 import threading
+import types
 import warnings
 
 import cloudpickle
@@ -187,6 +189,12 @@ def _upload_dir(local_dir: str, store, remote_dir: str) -> None:
 
 
 def _default_logger(pl, save_dir: str, version: str):
+    if "tensorflow" not in sys.modules:
+        # TensorBoard's writer imports TensorFlow when it is installed (16 s of a loaded
+        # 2-core host, and its memory, on rank 0) unless this marker module exists; its own
+        # stub writes the same local event files.
+        sys.modules.setdefault("tensorboard.compat.notf",
+                               types.ModuleType("tensorboard.compat.notf"))
     try:
         return pl.loggers.TensorBoardLogger(save_dir=save_dir, name=LOG_DIR_NAME,
                                             version=version)
