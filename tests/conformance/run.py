@@ -40,7 +40,7 @@ HERE = Path(__file__).resolve().parent
 ALIAS_DIR = HERE / "alias"
 RANK_SCRIPT = HERE / "_rank.py"
 OUTCOMES = ("PASSED", "FAILED", "SKIPPED", "CRASHED")
-# What the launcher logs for the first rank that ends the job (spark_hvd/runner/_supervise.py).
+# What the launcher logs for the first rank that ends the job (spark_hvd/launch/supervise.py).
 _FIRST_EXIT = re.compile(r"rank (\d+)(?: on \S+)? (?:was killed by signal (\d+) \((\w+)\)|"
                          r"exited with code (\d+))")
 # Seconds between SIGTERM and SIGKILL of a hung job; ranks dump their stacks this long before
