@@ -145,6 +145,33 @@ def test_horovod_path_data_module_accumulation_and_model_checkpoint(spark, regre
     assert len(model.getHistory()["train_loss"]) == 3
 
 
+def test_lr_monitor_early_stopping_profiler_and_sample_weights(spark, regression_df, tmp_path):
+    """Horovod's callback tests that Lightning 2 can run: LearningRateMonitor with an LR
+    scheduler, EarlyStopping (its decision reduced over the ranks by the strategy), a
+    profiler; plus sample weights in the batch, input_shapes and inmemory_cache_all."""
+    import lightning as L
+    store = Store.create(str(tmp_path / "store"))
+    logs = tmp_path / "callbacks"
+    logs.mkdir()
+    lr_monitor = L.pytorch.callbacks.LearningRateMonitor(logging_interval="epoch")
+    # mode="max" on a falling val_loss: no improvement after the first epoch, so it stops
+    # after the second.
+    early_stop = L.pytorch.callbacks.EarlyStopping(monitor="val_loss", mode="max", patience=0)
+    estimator = make_estimator(
+        store, model=lightning_fns.ScheduledWeightedRegressor(lr=0.1), epochs=5,
+        validation=0.25, sample_weight_col="weight", input_shapes=[[-1, 4]],
+        inmemory_cache_all=True, profiler=L.pytorch.profilers.SimpleProfiler(filename="perf"),
+        callbacks=[lr_monitor, early_stop, lightning_fns.RankRecorder(str(logs))])
+    model = estimator.fit(regression_df)
+    history = model.getHistory()
+    assert len(history["val_loss"]) == 2, history
+    assert history["lr-SGD"] == pytest.approx([0.1, 0.05])
+    for rank in (0, 1):
+        assert epochs_seen(str(logs), rank, "epoch_end") == [0, 1]
+    # Rank 0's profile, next to the TensorBoard logs in the Store.
+    assert "fit-perf-0.txt" in store.listdir(store.get_logs_path(model.getRunId()))
+
+
 def test_terminate_on_nan_fails_the_fit_naming_the_batch(spark, regression_df, tmp_path):
     estimator = make_estimator(Store.create(str(tmp_path / "store")), epochs=1,
                                model=lightning_fns.NanRegressor(), terminate_on_nan=True,

@@ -277,6 +277,11 @@ def train_on_rank(config, resume):
                 _next_log_version(store, logs_path) if rank == 0 and logs_path else
                 "version_0", root_rank=0, name="spark_hvd.lightning.log_version")
             logger = _default_logger(pl, local_logs, version)
+        profiler = config["profiler"]
+        if isinstance(profiler, pl.profilers.Profiler) and profiler.dirpath is None:
+            # Lightning would give every rank rank 0's log directory; rank 0's profile is
+            # copied into the Store with its logs.
+            profiler.dirpath = local_logs
         trainer_kwargs = dict(
             strategy=strategy_class(config["lightning_package"])(
                 compression=config["gradient_compression"],
@@ -284,7 +289,7 @@ def train_on_rank(config, resume):
             max_epochs=epochs, callbacks=callbacks, logger=logger,
             log_every_n_steps=config["log_every_n_steps"], num_sanity_val_steps=0,
             enable_progress_bar=False, enable_model_summary=verbose >= 1,
-            default_root_dir=workdir, profiler=config["profiler"],
+            default_root_dir=workdir, profiler=profiler,
             accumulate_grad_batches=config["backward_passes_per_step"], **devices)
         for name in ("gradient_clip_val", "limit_train_batches", "limit_val_batches",
                      "val_check_interval"):

@@ -34,6 +34,19 @@ class Regressor(L.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=self.hparams.lr)
 
 
+class ScheduledWeightedRegressor(Regressor):
+    """Per-row loss weights from the sample-weight column, and an LR halved every epoch."""
+
+    def _loss(self, batch):
+        squared = (self(batch["features"]) - batch["label"]) ** 2
+        return (squared * batch["weight"]).mean()
+
+    def configure_optimizers(self):
+        optimizer = torch.optim.SGD(self.parameters(), lr=self.hparams.lr)
+        return [optimizer], [torch.optim.lr_scheduler.StepLR(optimizer, step_size=1,
+                                                             gamma=0.5)]
+
+
 class NanRegressor(Regressor):
     """A loss that becomes NaN at the third batch of the first epoch."""
 
