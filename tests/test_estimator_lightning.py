@@ -198,6 +198,26 @@ def test_param_errors(spark, regression_df, tmp_path):
     assert not store.exists(store.join(store.prefix_path, "data"))   # nothing was prepared
 
 
+def test_estimator_save_load_keeps_lightning_params(spark, tmp_path):
+    import lightning as L
+    estimator = make_estimator(
+        Store.create(str(tmp_path / "store")), logger=False, trainer_args={"precision": 32},
+        callbacks=[lightning_fns.RankRecorder("/somewhere")], limit_val_batches=0.5,
+        checkpoint_callback=L.pytorch.callbacks.ModelCheckpoint(monitor="val_loss"),
+        terminate_on_nan=True, num_gpus=0)
+    estimator.save(str(tmp_path / "estimator"))
+    loaded = LightningEstimator.load(str(tmp_path / "estimator"))
+    assert loaded.getTrainerArgs() == {"precision": 32} and loaded.getLogger() is False
+    assert loaded.getLimitValBatches() == 0.5 and loaded.getTerminateOnNan() is True
+    assert loaded.getNumGPUs() == 0
+    assert [type(c).__name__ for c in loaded.getCallbacks()] == ["RankRecorder"]
+    assert loaded.getCallbacks()[0].directory == "/somewhere"
+    assert loaded.getCheckpointCallback().monitor == "val_loss"
+    assert isinstance(loaded.getModel(), lightning_fns.Regressor)
+    torch.testing.assert_close(loaded.getModel().state_dict(),
+                               estimator.getModel().state_dict())
+
+
 def test_missing_lightning_is_a_clear_error():
     script = textwrap.dedent("""
         import sys
