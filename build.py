@@ -584,6 +584,12 @@ def _header_struct(header_text: str, name: str) -> type:
     return type(name, (ctypes.Structure,), {"_fields_": fields})
 
 
+def _header_codes(header_text: str) -> dict[str, int]:
+    """The ``SHVD_NAME = value`` constants of a C header's enums."""
+    return {name: int(value)
+            for name, value in re.findall(r"\b(SHVD_\w+)\s*=\s*(\d+)", header_text)}
+
+
 def _load_system_cxx_runtime() -> None:
     """Loads the system's libstdc++ and initialises its locales, as importing torch does."""
     try:
@@ -630,13 +636,15 @@ def _smoke_worker(rank: str, library: str, header: str) -> int:
         if (lib.shvd_rank(), lib.shvd_size()) != (rank, 2):
             raise RuntimeError(f"rank/size {lib.shvd_rank()}/{lib.shvd_size()}, not {rank}/2")
         op_type = _header_struct(text, "shvd_op")
+        codes = _header_codes(text)
         # A small allreduce and one large enough to take the chunked paths: sum of 1 and 2.
         for n in (5, 1 << 18):
             values = array.array("f", [rank + 1.0]) * n
             shape = (ctypes.c_int64 * 1)(n)
-            op = op_type(op=0, name=f"smoke.{n}".encode(), dtype=7, ndim=1,  # allreduce, f32
+            op = op_type(op=codes["SHVD_OP_ALLREDUCE"], name=f"smoke.{n}".encode(),
+                         dtype=codes["SHVD_DTYPE_FLOAT32"], ndim=1,
                          shape=ctypes.addressof(shape), input=values.buffer_info()[0],
-                         output=values.buffer_info()[0], reduce_op=1,  # sum
+                         output=values.buffer_info()[0], reduce_op=codes["SHVD_REDUCE_SUM"],
                          prescale=1.0, postscale=1.0)
             handle = ctypes.c_int64()
             check(lib.shvd_enqueue(ctypes.byref(op), 1, ctypes.byref(handle)), "shvd_enqueue")

@@ -16,6 +16,16 @@
 
 using namespace shvd;
 
+static_assert(int(OpType::kAllreduce) == SHVD_OP_ALLREDUCE &&
+                  int(OpType::kAllgather) == SHVD_OP_ALLGATHER &&
+                  int(OpType::kBroadcast) == SHVD_OP_BROADCAST &&
+                  int(OpType::kAlltoall) == SHVD_OP_ALLTOALL &&
+                  int(OpType::kReducescatter) == SHVD_OP_REDUCESCATTER &&
+                  int(OpType::kBarrier) == SHVD_OP_BARRIER && int(OpType::kJoin) == SHVD_OP_JOIN &&
+                  int(OpType::kAddProcessSet) == SHVD_OP_ADD_PROCESS_SET &&
+                  int(OpType::kRemoveProcessSet) == SHVD_OP_REMOVE_PROCESS_SET,
+              "OpType must equal the SHVD_OP_* codes of spark_hvd.h");
+
 namespace {
 
 std::mutex g_mu;
@@ -55,6 +65,26 @@ int32_t guarded(F body) {
   auto e = engine();                                                                        \
   if (!e) return fail(SHVD_ERR_STATE, "spark_hvd has not been initialized; call init() first")
 
+// shvd_abi_codes' table. Codes are walked over the header's ranges and named by the core's own
+// name functions (what its messages say), so a code the core cannot name reads "unknown".
+std::string abi_codes_table() {
+  std::string t;
+  auto line = [&t](const char* kind, const char* name, int code, std::string more = "") {
+    t += std::string(kind) + " " + name + " " + std::to_string(code) + more + "\n";
+  };
+  for (int d = 0; d < SHVD_NUM_DTYPES; ++d)
+    line("dtype", dtype_name(DataType(d)), d, " " + std::to_string(dtype_size(DataType(d))));
+  for (int r = 0; r < SHVD_NUM_REDUCE_OPS; ++r) line("reduce_op", reduce_op_name(ReduceOp(r)), r);
+  for (int o = SHVD_OP_ALLREDUCE; o <= SHVD_OP_REMOVE_PROCESS_SET; ++o)
+    line("op", op_type_name(OpType(o)), o);
+  line("error", "none", SHVD_ERR_NONE);
+  line("error", "invalid", SHVD_ERR_INVALID);
+  line("error", "internal", SHVD_ERR_INTERNAL);
+  line("error", "state", SHVD_ERR_STATE);
+  line("error", "unsupported", SHVD_ERR_UNSUPPORTED);
+  return t;
+}
+
 // Copies `n` int64 values from memory that may be unaligned (a packed record's shape).
 std::vector<int64_t> int64_array(const void* p, int32_t n) {
   std::vector<int64_t> out(size_t(std::max<int32_t>(n, 0)));
@@ -69,7 +99,7 @@ Entry make_entry(const shvd_op& op, std::string_view name, std::string_view grou
                  const void* shape, const void* splits_data, Engine& eng) {
   if (op.op < SHVD_OP_ALLREDUCE || op.op > SHVD_OP_REMOVE_PROCESS_SET)
     throw OpMismatchError("unknown collective operation " + std::to_string(op.op));
-  if (op.dtype < 0 || op.dtype >= kNumDataTypes)
+  if (op.dtype < 0 || op.dtype >= SHVD_NUM_DTYPES)
     throw OpMismatchError("unsupported data type code " + std::to_string(op.dtype));
   Entry e;
   Request& r = e.request;
@@ -538,6 +568,11 @@ int32_t shvd_stop_timeline(void) {
   REQUIRE_ENGINE(e);
   e->timeline().stop();
   return 0;
+}
+
+const char* shvd_abi_codes(void) {
+  static const std::string table = abi_codes_table();
+  return table.c_str();
 }
 
 const char* shvd_last_error(void) { return t_error.c_str(); }

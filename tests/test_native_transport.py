@@ -47,7 +47,8 @@ def _compiler() -> str | None:
 def _fingerprint(cxx: str) -> str:
     """Hash of the compiler, flags, the sources and every header they can include."""
     headers = [*(NATIVE / "common").glob("*.h"), *(NATIVE / "transport").glob("*.h"),
-               NATIVE / "algorithms" / "reduce_kernels.h", NATIVE / "tests" / "harness.h"]
+               NATIVE / "algorithms" / "reduce_kernels.h", NATIVE / "tests" / "harness.h",
+               NATIVE / "include" / "spark_hvd.h"]
     h = hashlib.sha256(" ".join([cxx, *FLAGS]).encode())
     for path in sorted(set(SOURCES) | set(headers)):
         h.update(str(path.relative_to(NATIVE)).encode())

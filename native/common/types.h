@@ -1,11 +1,14 @@
 // Element types, reduction ops and the exception types shared by every layer of the core.
-// The numeric values are part of the C ABI (spark_hvd/common/_native.py mirrors them).
+// The numeric values are the C ABI's codes (SHVD_DTYPE_*, SHVD_REDUCE_* in spark_hvd.h, which
+// bindings read at load through shvd_abi_codes); the static_asserts below keep them equal.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <stdexcept>
 #include <string>
+
+#include "../include/spark_hvd.h"
 
 namespace shvd {
 
@@ -23,6 +26,18 @@ enum class DataType : int32_t {
   kUInt16 = 10,  // appended: earlier codes keep their values (C ABI)
 };
 constexpr int kNumDataTypes = 11;
+static_assert(int(DataType::kUInt8) == SHVD_DTYPE_UINT8 &&
+                  int(DataType::kInt8) == SHVD_DTYPE_INT8 &&
+                  int(DataType::kInt16) == SHVD_DTYPE_INT16 &&
+                  int(DataType::kInt32) == SHVD_DTYPE_INT32 &&
+                  int(DataType::kInt64) == SHVD_DTYPE_INT64 &&
+                  int(DataType::kFloat16) == SHVD_DTYPE_FLOAT16 &&
+                  int(DataType::kBFloat16) == SHVD_DTYPE_BFLOAT16 &&
+                  int(DataType::kFloat32) == SHVD_DTYPE_FLOAT32 &&
+                  int(DataType::kFloat64) == SHVD_DTYPE_FLOAT64 &&
+                  int(DataType::kBool) == SHVD_DTYPE_BOOL &&
+                  int(DataType::kUInt16) == SHVD_DTYPE_UINT16 && kNumDataTypes == SHVD_NUM_DTYPES,
+              "DataType must equal the SHVD_DTYPE_* codes of spark_hvd.h");
 
 enum class ReduceOp : int32_t {
   kAverage = 0,  // Sum on the wire, divided by the set size afterwards.
@@ -32,6 +47,15 @@ enum class ReduceOp : int32_t {
   kMax = 4,
   kProduct = 5,
 };
+constexpr int kNumReduceOps = 6;
+static_assert(int(ReduceOp::kAverage) == SHVD_REDUCE_AVERAGE &&
+                  int(ReduceOp::kSum) == SHVD_REDUCE_SUM &&
+                  int(ReduceOp::kAdasum) == SHVD_REDUCE_ADASUM &&
+                  int(ReduceOp::kMin) == SHVD_REDUCE_MIN &&
+                  int(ReduceOp::kMax) == SHVD_REDUCE_MAX &&
+                  int(ReduceOp::kProduct) == SHVD_REDUCE_PRODUCT &&
+                  kNumReduceOps == SHVD_NUM_REDUCE_OPS,
+              "ReduceOp must equal the SHVD_REDUCE_* codes of spark_hvd.h");
 
 size_t dtype_size(DataType t);
 const char* dtype_name(DataType t);

@@ -1,5 +1,8 @@
 /* The C ABI of the spark_hvd collective core, loaded by spark_hvd.common with ctypes.
  * It sees only pointers, element counts, dtypes, shapes and names: no framework, no Python.
+ * Every number a binding passes is defined here (the core's internal enums are checked against
+ * these at compile time, and Python reads them from shvd_abi_codes at load). Codes are only
+ * ever appended: a code, once given, keeps its value.
  *
  * Functions return 0 (or a non-negative value) on success and -1 on failure; the failure's
  * message is then available from shvd_last_error() on the same thread, and its category from
@@ -20,6 +23,34 @@ enum {
   SHVD_ERR_INTERNAL = 2,  /* peer lost / job torn down: HorovodInternalError */
   SHVD_ERR_STATE = 3,     /* not initialized, already initialized, ...: RuntimeError */
   SHVD_ERR_UNSUPPORTED = 4, /* valid but not implemented (as in Horovod): NotImplementedError */
+};
+
+/* Element types (shvd_op.dtype). UINT16 came later and was appended. */
+enum {
+  SHVD_DTYPE_UINT8 = 0,
+  SHVD_DTYPE_INT8 = 1,
+  SHVD_DTYPE_INT16 = 2,
+  SHVD_DTYPE_INT32 = 3,
+  SHVD_DTYPE_INT64 = 4,
+  SHVD_DTYPE_FLOAT16 = 5,
+  SHVD_DTYPE_BFLOAT16 = 6,
+  SHVD_DTYPE_FLOAT32 = 7,
+  SHVD_DTYPE_FLOAT64 = 8,
+  SHVD_DTYPE_BOOL = 9,
+  SHVD_DTYPE_UINT16 = 10,
+  SHVD_NUM_DTYPES = 11,
+};
+
+/* Reductions (shvd_op.reduce_op) of allreduce and reducescatter. AVERAGE sums and divides by
+ * the process set's size; ADASUM is allreduce only, of floating-point tensors. */
+enum {
+  SHVD_REDUCE_AVERAGE = 0,
+  SHVD_REDUCE_SUM = 1,
+  SHVD_REDUCE_ADASUM = 2,
+  SHVD_REDUCE_MIN = 3,
+  SHVD_REDUCE_MAX = 4,
+  SHVD_REDUCE_PRODUCT = 5,
+  SHVD_NUM_REDUCE_OPS = 6,
 };
 
 typedef struct {
@@ -179,6 +210,14 @@ int32_t shvd_stop_timeline(void);
 
 const char* shvd_last_error(void);
 int32_t shvd_last_error_kind(void);
+
+/* Every code of this header that a binding passes or reads, by name, one per line:
+ * "<kind> <name> <code>", kind dtype (then also " <bytes per element>"), reduce_op, op or
+ * error; names as the core spells them in messages ("float32", "Average", "allreduce",
+ * "invalid"). A binding that keeps the numbers itself compares them with this table when it
+ * loads the library, so a stale build fails at once instead of reducing the wrong type.
+ * Static storage; needs no initialized engine. */
+const char* shvd_abi_codes(void);
 
 #ifdef __cplusplus
 }

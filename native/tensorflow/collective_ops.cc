@@ -24,7 +24,6 @@
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/shape_inference.h"
 
-#include "../common/types.h"
 #include "../include/spark_hvd.h"
 
 namespace spark_hvd_tf {
@@ -60,23 +59,20 @@ REGISTER_OP("SparkHvdAllreduce")
 namespace {
 
 int32_t core_dtype(DataType t) {
-  using shvd::DataType;
-  DataType d = DataType::kFloat32;
   switch (t) {
-    case tensorflow::DT_UINT8: d = DataType::kUInt8; break;
-    case tensorflow::DT_INT8: d = DataType::kInt8; break;
-    case tensorflow::DT_INT16: d = DataType::kInt16; break;
-    case tensorflow::DT_UINT16: d = DataType::kUInt16; break;
-    case tensorflow::DT_INT32: d = DataType::kInt32; break;
-    case tensorflow::DT_INT64: d = DataType::kInt64; break;
-    case tensorflow::DT_HALF: d = DataType::kFloat16; break;
-    case tensorflow::DT_BFLOAT16: d = DataType::kBFloat16; break;
-    case tensorflow::DT_FLOAT: d = DataType::kFloat32; break;
-    case tensorflow::DT_DOUBLE: d = DataType::kFloat64; break;
-    case tensorflow::DT_BOOL: d = DataType::kBool; break;
+    case tensorflow::DT_UINT8: return SHVD_DTYPE_UINT8;
+    case tensorflow::DT_INT8: return SHVD_DTYPE_INT8;
+    case tensorflow::DT_INT16: return SHVD_DTYPE_INT16;
+    case tensorflow::DT_UINT16: return SHVD_DTYPE_UINT16;
+    case tensorflow::DT_INT32: return SHVD_DTYPE_INT32;
+    case tensorflow::DT_INT64: return SHVD_DTYPE_INT64;
+    case tensorflow::DT_HALF: return SHVD_DTYPE_FLOAT16;
+    case tensorflow::DT_BFLOAT16: return SHVD_DTYPE_BFLOAT16;
+    case tensorflow::DT_FLOAT: return SHVD_DTYPE_FLOAT32;
+    case tensorflow::DT_DOUBLE: return SHVD_DTYPE_FLOAT64;
+    case tensorflow::DT_BOOL: return SHVD_DTYPE_BOOL;
     default: return -1;  // excluded by the op's type constraint
   }
-  return int32_t(d);
 }
 
 // Horovod's status classes: a request the ranks disagree about (found while negotiating, so

@@ -1,8 +1,9 @@
 """ctypes binding of the native core's C ABI (native/include/spark_hvd.h).
 
-The one place that knows the library's symbols and struct layouts; everything else calls the
-small functions here. The core is framework-free, so one build serves torch, TensorFlow, NumPy
-and every Python version.
+The one place that knows the library's symbols, struct layouts and codes (the dtype, reduce-op,
+op and error numbers come from the core itself at load, checked against the names used here);
+everything else calls the small functions here. The core is framework-free, so one build
+serves torch, TensorFlow, NumPy and every Python version.
 """
 
 import ctypes
@@ -10,20 +11,6 @@ import os
 
 from ._errors import CollectiveError, UnsupportedError
 from .exceptions import HorovodInternalError
-
-ERR_INVALID, ERR_INTERNAL, ERR_STATE, ERR_UNSUPPORTED = 1, 2, 3, 4
-
-(OP_ALLREDUCE, OP_ALLGATHER, OP_BROADCAST, OP_ALLTOALL, OP_REDUCESCATTER, OP_BARRIER, OP_JOIN,
- OP_ADD_PROCESS_SET, OP_REMOVE_PROCESS_SET) = range(9)
-
-# Data type codes (native/common/types.h).
-# UINT16 came later and was appended, so the earlier codes kept their values.
-UINT8, INT8, INT16, INT32, INT64, FLOAT16, BFLOAT16, FLOAT32, FLOAT64, BOOL, UINT16 = range(11)
-DTYPE_SIZES = {UINT8: 1, INT8: 1, UINT16: 2, INT16: 2, INT32: 4, INT64: 8, FLOAT16: 2,
-               BFLOAT16: 2, FLOAT32: 4, FLOAT64: 8, BOOL: 1}
-DTYPE_NAMES = {UINT8: "uint8", INT8: "int8", UINT16: "uint16", INT16: "int16", INT32: "int32",
-               INT64: "int64", FLOAT16: "float16", BFLOAT16: "bfloat16", FLOAT32: "float32",
-               FLOAT64: "float64", BOOL: "bool"}
 
 
 class InitOptions(ctypes.Structure):
@@ -106,15 +93,83 @@ def _load():
         "shvd_stop_timeline": (i32, []),
         "shvd_last_error": (ctypes.c_char_p, []),
         "shvd_last_error_kind": (i32, []),
+        "shvd_abi_codes": (ctypes.c_char_p, []),
     }
     for name, (restype, argtypes) in signatures.items():
-        fn = getattr(lib, name)
+        try:
+            fn = getattr(lib, name)
+        except AttributeError:
+            raise ImportError(f"spark_hvd's native core {path} does not export {name}: it is "
+                              "older than its Python side. Rebuild it (`python build.py`) or "
+                              "reinstall spark_hvd.") from None
         fn.restype = restype
         fn.argtypes = argtypes
     return lib
 
 
 lib = _load()
+
+
+# ---- the ABI's codes ----------------------------------------------------------------------------
+# The numbers are the core's (SHVD_* in spark_hvd.h, listed by shvd_abi_codes); Python only names
+# the codes it uses. check_abi_codes fails the import when the two lists differ, so a core built
+# from another version of the header never receives a code that means something else there.
+
+# The codes Python uses, by kind, as the core names them.
+ABI_NAMES = {
+    "dtype": ("uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32",
+              "float64", "bool", "uint16"),
+    "reduce_op": ("Average", "Sum", "Adasum", "Min", "Max", "Product"),
+    "op": ("allreduce", "allgather", "broadcast", "alltoall", "reducescatter", "barrier", "join",
+           "add_process_set", "remove_process_set"),
+    "error": ("none", "invalid", "internal", "state", "unsupported"),
+}
+
+
+def parse_abi_codes(table):
+    """``shvd_abi_codes()``'s text as ``{kind: {name: code}}``, plus ``{dtype name: bytes}``."""
+    codes, sizes = {}, {}
+    for line in table.splitlines():
+        kind, name, code, *more = line.split()
+        codes.setdefault(kind, {})[name] = int(code)
+        if kind == "dtype":
+            sizes[name] = int(more[0])
+    return codes, sizes
+
+
+def check_abi_codes(codes, expected=ABI_NAMES, where="the native core"):
+    """Raises ImportError unless ``codes`` names exactly the codes of ``expected``, each once
+    (one name per code), for every kind."""
+    problems = []
+    for kind in sorted(set(codes) | set(expected)):
+        have, want = codes.get(kind, {}), set(expected.get(kind, ()))
+        if set(have) != want:
+            missing = ", ".join(sorted(want - set(have))) or "-"
+            extra = ", ".join(sorted(set(have) - want)) or "-"
+            problems.append(f"{kind}: missing {missing}; unknown to Python {extra}")
+        elif len(set(have.values())) != len(have):
+            problems.append(f"{kind}: two names share a code ({have})")
+    if problems:
+        raise ImportError(f"spark_hvd's Python side and {where} disagree about the ABI's codes "
+                          f"(native/include/spark_hvd.h): {'; '.join(problems)}. The core was "
+                          "built from another version: rebuild it (`python build.py`) or "
+                          "reinstall spark_hvd.")
+
+
+ABI_CODES, _DTYPE_SIZES = parse_abi_codes(lib.shvd_abi_codes().decode())
+check_abi_codes(ABI_CODES)
+
+_dtype, _op, _err = ABI_CODES["dtype"], ABI_CODES["op"], ABI_CODES["error"]
+(UINT8, INT8, INT16, INT32, INT64, FLOAT16, BFLOAT16, FLOAT32, FLOAT64, BOOL,
+ UINT16) = (_dtype[n] for n in ABI_NAMES["dtype"])
+DTYPE_SIZES = {_dtype[n]: size for n, size in _DTYPE_SIZES.items()}
+DTYPE_NAMES = {code: n for n, code in _dtype.items()}
+(OP_ALLREDUCE, OP_ALLGATHER, OP_BROADCAST, OP_ALLTOALL, OP_REDUCESCATTER, OP_BARRIER, OP_JOIN,
+ OP_ADD_PROCESS_SET, OP_REMOVE_PROCESS_SET) = (_op[n] for n in ABI_NAMES["op"])
+ERR_INVALID, ERR_INTERNAL, ERR_STATE, ERR_UNSUPPORTED = (
+    _err[n] for n in ("invalid", "internal", "state", "unsupported"))
+# Reduce ops by name (hvd.Average, hvd.Sum, ... are these codes: common/_ops.py).
+REDUCE_OPS = ABI_CODES["reduce_op"]
 
 
 def raise_last_error():

@@ -11,12 +11,12 @@ from collections import defaultdict
 
 from . import basics
 from ._errors import CollectiveError
-from ._native import OP_ALLREDUCE, check, lib, raise_last_error
+from ._native import OP_ALLREDUCE, REDUCE_OPS, check, lib, raise_last_error
 
-# Reduce ops: the values are the core's codes.
-Average, Sum, Adasum, Min, Max, Product = 0, 1, 2, 3, 4, 5
-_REDUCE_OP_NAMES = {Average: "Average", Sum: "Sum", Adasum: "Adasum", Min: "Min", Max: "Max",
-                    Product: "Product"}
+# Reduce ops: the core's codes (SHVD_REDUCE_* in spark_hvd.h), read from it at load.
+Average, Sum, Adasum, Min, Max, Product = (
+    REDUCE_OPS[n] for n in ("Average", "Sum", "Adasum", "Min", "Max", "Product"))
+_REDUCE_OP_NAMES = {code: name for name, code in REDUCE_OPS.items()}
 
 _name_counters = defaultdict(itertools.count)
 
