@@ -44,8 +44,8 @@ NP = 2
 
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 DEFAULT_SIZES = [4, 64, KiB, 16 * KiB, 256 * KiB, MiB, 4 * MiB, 16 * MiB, 64 * MiB, 256 * MiB]
-SYSTEM_ORDER = ["spark_hvd", "gloo", "mpi"]
-LABEL = {"spark_hvd": "spark_hvd", "gloo": "gloo", "mpi": "MPI"}
+SYSTEM_ORDER = ["spark_hvd", "spark_hvd_base", "gloo", "mpi"]
+LABEL = {"spark_hvd": "spark_hvd", "spark_hvd_base": "baseline", "gloo": "gloo", "mpi": "MPI"}
 
 # Targets (issue 2, "Benchmark"): ratios measured in the same run.
 TARGET_BIG_BYTES = 16 * MiB      # at this size and above:
@@ -107,7 +107,7 @@ def build_plan(args):
         grad = {"tensors": args.grad_tensors, "elems": args.grad_bytes // 4,
                 "warmup": 3 if args.quick else 10, "steps": steps,
                 "sync_steps": 0 if args.no_gloo_sync else (3 if args.quick else 10)}
-    return {"sizes": sizes, "grad": grad}
+    return {"sizes": sizes, "grad": grad, "idle_s": args.idle_cpu}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -134,6 +134,15 @@ def commands_for(system, plan_json, args):
     worker = [sys.executable, WORKER, "--system", system, "--plan", plan_json]
     if system == "spark_hvd":
         return [find_launcher() + ["-np", str(NP)] + args.hvd_args + worker], env, None
+    if system == "spark_hvd_base":
+        # Another checkout of spark_hvd (its package and built core), e.g. the commit before a
+        # change, run by the same worker: before/after side by side in one run.
+        if not args.baseline:
+            return None, env, "no --baseline checkout given"
+        env["PYTHONPATH"] = args.baseline
+        worker[worker.index("--system") + 1] = "spark_hvd"
+        return [[sys.executable, "-m", "spark_hvd.runner", "-np", str(NP)] + args.hvd_args +
+                worker], env, None
     if system == "gloo":
         try:
             import importlib.util
@@ -310,6 +319,10 @@ def handle_record(result, rec):
         if rank == 0:
             log(f"[{system}] gradient set ({rec['variant']}): median step "
                 f"{rec['median_s'] * 1e3:.3f} ms ({rec['n']} steps)")
+    elif kind == "idle":
+        result.setdefault("idle", []).append(rec["cpu_s"] / rec["seconds"])
+        log(f"[{system}] idle rank {rank}: {rec['cpu_s'] / rec['seconds'] * 100:.2f} % of a core "
+            f"over {rec['seconds']:g} s")
     elif kind == "error":
         result["errors"].append(f"rank {rank}: {rec.get('error')}")
         tb = rec.get("traceback")
@@ -325,7 +338,8 @@ def merge_rounds(runs):
     merged = {"system": runs[0]["system"], "meta": {}, "sizes": {}, "grad": {}, "errors": [],
               "skipped": runs[0].get("skipped"), "wall_s": sum(r["wall_s"] or 0 for r in runs),
               "rounds": len(runs), "round_medians": {"sizes": {}, "grad": {}},
-              "load": [x for r in runs for x in r.get("load", []) if x is not None]}
+              "load": [x for r in runs for x in r.get("load", []) if x is not None],
+              "idle": [x for r in runs for x in r.get("idle", [])]}
     cores = []
     for i, run in enumerate(runs):
         merged["meta"] = merged["meta"] or run["meta"]
@@ -452,10 +466,10 @@ def report(results, plan, args, started):
         else:
             m = r.get("meta") or {}
             extra = f", shared memory {'on' if m.get('shared_memory') else 'OFF'}" \
-                if s == "spark_hvd" and "shared_memory" in m else ""
+                if s.startswith("spark_hvd") and "shared_memory" in m else ""
             if s == "spark_hvd" and args.source:
                 extra += f", source {args.source}"
-            if s == "spark_hvd" and m.get("core"):
+            if s.startswith("spark_hvd") and m.get("core"):
                 extra += f", core {m['core']} built {m.get('core_built', '?')}"
             if len(r.get("cores", [])) > 1:
                 extra += (f"  [WARNING: the native core was rebuilt during the run "
@@ -475,6 +489,8 @@ def report(results, plan, args, started):
         ratio_cols.append(("lat vs gloo", "gloo", "lat"))
     if hvd and mpi:
         ratio_cols.append(("lat vs MPI", "mpi", "lat"))
+    if results.get("spark_hvd_base") and mpi:
+        ratio_cols.append(("baseline lat vs MPI", "mpi", "lat_base"))
     headers += [h for h, _, _ in ratio_cols]
     rows = []
     for nbytes, _, reps in plan["sizes"]:
@@ -485,7 +501,8 @@ def report(results, plan, args, started):
         row += [fmt_bw(busbw(nbytes, recs[s]["median_s"])) if recs[s]
                 else cell_missing(results[s], nbytes) for s in systems]
         for _, other, kind in ratio_cols:
-            a, b = recs.get("spark_hvd"), recs.get(other)
+            a = recs.get("spark_hvd_base" if kind == "lat_base" else "spark_hvd")
+            b = recs.get(other)
             if not (a and b):
                 row.append("-")
             elif kind == "bw":
@@ -506,6 +523,7 @@ def report(results, plan, args, started):
         mpi_rec = usable(mpi, None, "async")
         gloo_rec = usable(gloo, None, "async")
         variants = [("spark_hvd", "async", "allreduce_async_ x N + synchronize"),
+                    ("spark_hvd_base", "async", "the same, --baseline checkout"),
                     ("mpi", "async", "Iallreduce x N + Waitall"),
                     ("gloo", "async", "all_reduce(async_op=True) x N + wait"),
                     ("gloo", "sync", "all_reduce x N, one by one")]
@@ -524,6 +542,13 @@ def report(results, plan, args, started):
                          fmt_ratio(t / gloo_rec["median_s"]) if gloo_rec else "-"])
         out.append(table(["system", "how", "step ms", "p10–p90 ms", "µs/tensor",
                           "vs MPI", "vs gloo async"], rows, ["l", "l", "r", "r", "r", "r", "r"]))
+
+    idle = [(s, max(results[s]["idle"])) for s in systems if results[s].get("idle")]
+    if idle:
+        out.append("")
+        out.append(f"Idle initialized rank, nothing in flight: CPU time over {plan['idle_s']:g} s "
+                   "(the busiest rank of any round): " +
+                   ", ".join(f"{LABEL[s]} {x * 100:.2f} % of a core" for s, x in idle))
 
     # Targets
     out.append("")
@@ -650,6 +675,12 @@ def main(argv=None):
     p.add_argument("--hvd-arg", dest="hvd_args", action="append", default=[],
                    help="extra spark-hvd-run argument (repeatable), "
                         "e.g. --hvd-arg=--cycle-time-ms=1")
+    p.add_argument("--idle-cpu", type=float, default=5.0, metavar="SECONDS",
+                   help="at the end, measure each rank's CPU use while initialized and idle for "
+                        "this long (0: skip; default 5)")
+    p.add_argument("--baseline", metavar="DIR",
+                   help="also run the spark_hvd checkout in DIR (built) as system "
+                        "spark_hvd_base, e.g. the commit before a change")
     p.add_argument("--json", metavar="FILE", help="also write every record to FILE")
     p.add_argument("--strict", action="store_true", help="exit 1 when a target FAILs")
     args = p.parse_args(argv)
@@ -661,6 +692,8 @@ def main(argv=None):
     if not args.timeout:
         args.timeout = 120 if args.quick else 420
     systems = [s.strip() for s in args.systems.split(",") if s.strip()]
+    if args.baseline and "spark_hvd_base" not in systems:
+        systems.append("spark_hvd_base")
     unknown = [s for s in systems if s not in SYSTEM_ORDER]
     if unknown or not systems:
         p.error(f"--systems: unknown {unknown}; choose from {','.join(SYSTEM_ORDER)}")

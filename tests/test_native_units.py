@@ -1,7 +1,8 @@
-"""Builds and runs the C++ unit tests of native/tests/ that need no peers: controller_test.cc
-(the response cache, the mismatch diagnosis, the stall inspector and the coordinator).
+"""Builds and runs C++ programs of native/tests/: controller_test.cc (the response cache, the
+mismatch diagnosis, the stall inspector, the shared-memory negotiation board and the
+coordinator) and wakeup_bench.cc (what a cross-process hand-off costs here; printed with -s).
 
-The program is compiled by build.build_test_program with the library's release flags and cached
+Each program is compiled by build.build_test_program with the library's release flags and cached
 under build/native/tests/ by a hash of its sources, so reruns only pay for the run.
 """
 
@@ -22,10 +23,12 @@ CONTROLLER_TEST = [
     "controller/coordinator.cc",
     "controller/message.cc",
     "controller/mismatch.cc",
+    "controller/negotiation_board.cc",
     "controller/process_sets.cc",
     "controller/response_cache.cc",
     "controller/stall_inspector.cc",
     "common/types.cc",
+    "common/hmac.cc",
 ]
 RUN_TIMEOUT_S = 120
 
@@ -47,3 +50,9 @@ def _run(name: str, sources: list[str]) -> None:
 
 def test_controller_units() -> None:
     _run("controller_test", CONTROLLER_TEST)
+
+
+def test_wakeup_costs() -> None:
+    """Measures what one cross-process hand-off costs here (spin, yield, futex, socket): the
+    floor under the shared-memory negotiation's latency (benchmarks/README.md quotes it)."""
+    _run("wakeup_bench", ["tests/wakeup_bench.cc"])

@@ -267,6 +267,17 @@ def time_grad(system, step_fn, variant, tensors, elems, warmup, steps):
          error=detail or None, **stats(times))
 
 
+def measure_idle(system, seconds):
+    """CPU time this process (every thread: the engine's included) uses while initialized and
+    idle for `seconds`: a waiting engine must sleep, not spin."""
+    system.barrier()
+    t0 = os.times()
+    time.sleep(seconds)
+    t1 = os.times()
+    emit(kind="idle", system=system.name, rank=system.rank, seconds=seconds,
+         cpu_s=(t1.user + t1.system) - (t0.user + t0.system))
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -297,6 +308,9 @@ def main(argv=None):
             if system.grad_step_sync is not None and grad.get("sync_steps", 0) > 0:
                 time_grad(system, system.grad_step_sync, "sync", grad["tensors"], grad["elems"],
                           min(grad["warmup"], 2), grad["sync_steps"])
+        idle_s = float(plan.get("idle_s") or 0)
+        if idle_s > 0:
+            measure_idle(system, idle_s)
         system.barrier()
         system.close()
         emit(kind="done", system=args.system, rank=rank)

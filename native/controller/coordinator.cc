@@ -28,6 +28,11 @@ void Coordinator::add_batch(const RequestBatch& batch) {
   for (uint32_t id : batch.cached) {
     if (id >= cache_->size()) continue;
     const ResponseCache::Entry& c = cache_->entry(id);
+    // With a board, an id that comes over TCP was refused there: the general path decides it.
+    if (board_) {
+      add_request(batch.rank, c.by_rank[batch.rank]);
+      continue;
+    }
     // The cached response must be the one for this rank's request: a name can have been
     // answered last on another process set (a global name spelled like a scoped one).
     if (c.fast && joined_.empty() && shut_down_.empty() &&
@@ -39,6 +44,7 @@ void Coordinator::add_batch(const RequestBatch& batch) {
   for (const Request& r : batch.requests) add_request(batch.rank, r);
   if (batch.shutdown) {
     shut_down_.insert(batch.rank);
+    take_over_all();
     recheck_all();
   }
 }
@@ -98,6 +104,7 @@ void Coordinator::add_request(int rank, const Request& r) {
   if (r.op == OpType::kJoin) {
     joined_.insert(rank);
     last_joined_ = rank;
+    take_over_all();
     recheck_all();
     // Ops other than allreduce that are still waiting (cached ones were just moved to pending_)
     // fail now, as later ones will when they arrive (below).
@@ -114,6 +121,10 @@ void Coordinator::add_request(int rank, const Request& r) {
       ready_.push_back("__join__");
     }
     return;
+  }
+  if (board_) {
+    const int64_t id = cache_->id_of(r.name);
+    if (id >= 0 && !taken_.count(uint32_t(id))) take_over(uint32_t(id), Clock::now());
   }
   auto it = pending_.find(r.name);
   if (it == pending_.end()) {
@@ -231,12 +242,9 @@ std::vector<Response> Coordinator::fuse(std::vector<Response> responses) const {
   size_t last_bytes = 0;  // of out.back()
   for (auto& r : responses) {
     const size_t bytes = response_bytes(r);
-    if (!out.empty() && r.error.empty() && r.op == OpType::kAllreduce) {
+    if (!out.empty()) {
       Response& last = out.back();
-      if (last.error.empty() && last.op == OpType::kAllreduce && last.dtype == r.dtype &&
-          last.reduce_op == r.reduce_op && last.prescale == r.prescale &&
-          last.postscale == r.postscale && last.process_set == r.process_set &&
-          last.joined == r.joined && last_bytes + bytes <= options_.fusion_threshold_bytes) {
+      if (fusable_allreduces(last, r) && last_bytes + bytes <= options_.fusion_threshold_bytes) {
         for (auto& n : r.names) last.names.push_back(std::move(n));
         for (auto& s : r.shapes) last.shapes.push_back(std::move(s));
         last.cache_ids.insert(last.cache_ids.end(), r.cache_ids.begin(), r.cache_ids.end());
@@ -327,12 +335,64 @@ std::vector<Response> Coordinator::take_ready() {
     for (const auto& name : names) fail_if_in_group(name, failed_groups, &responses);
   }
   ready_ = std::move(held);
+  give_back();
   return fuse(std::move(responses));
+}
+
+void Coordinator::take_over(uint32_t id, Clock::time_point since) {
+  if (id >= board_->ids()) return;
+  taken_.insert(id);
+  const uint64_t arrived = board_->steal(id);
+  if (!arrived) return;
+  const ResponseCache::Entry& c = cache_->entry(id);
+  for (int r = 0; r < world_size_ && r < 64; ++r)
+    if (arrived >> r & 1) add_request(r, c.by_rank[r]);
+  auto it = pending_.find(c.name);
+  if (it != pending_.end()) it->second.first_seen = it->second.last_warned = since;
+}
+
+void Coordinator::take_over_all() {
+  if (!board_) return;
+  const auto now = Clock::now();
+  for (uint32_t id = 0; id < cache_->size(); ++id)
+    if (!taken_.count(id)) take_over(id, now);
+}
+
+void Coordinator::give_back() {
+  if (!board_ || taken_.empty() || !joined_.empty() || !shut_down_.empty()) return;
+  for (auto it = taken_.begin(); it != taken_.end();) {
+    if (pending_.count(cache_->entry(*it).name)) {
+      ++it;
+      continue;
+    }
+    board_->enable(*it);
+    it = taken_.erase(it);
+  }
+}
+
+void Coordinator::inspect_board(Clock::time_point now) {
+  // Ranks waiting on the board for the same round of an id since the last inspections: once
+  // that is longer than the warning time, the general path takes the id over and reports it.
+  if (watch_.size() < cache_->size()) watch_.resize(cache_->size());
+  for (uint32_t id = 0; id < cache_->size() && id < board_->ids(); ++id) {
+    BoardWatch& w = watch_[id];
+    if (taken_.count(id) || board_->waiting(id) == 0) {
+      w.since = {};
+      continue;
+    }
+    const uint64_t completions = board_->completions(id);
+    if (w.since == Clock::time_point{} || w.completions != completions) {
+      w = {completions, now};
+      continue;
+    }
+    if (now - w.since >= stalls_.warn_after()) take_over(id, w.since);
+  }
 }
 
 std::string Coordinator::inspect_stalls(Clock::time_point now,
                                         const std::function<void(const std::string&)>& warn) {
   if (!stalls_.due(now)) return "";
+  if (board_) inspect_board(now);
   // A tensor waiting on the fast path for long is a stall candidate: report it like any other.
   for (uint32_t id = 0; id < waits_.size(); ++id)
     if (waits_[id].count > 0 && now - waits_[id].first_seen >= stalls_.warn_after())

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "message.h"
+#include "negotiation_board.h"
 #include "process_sets.h"
 #include "response_cache.h"
 #include "stall_inspector.h"
@@ -41,6 +42,11 @@ class Coordinator {
   std::vector<Response> take_ready();
 
   bool all_shut_down() const { return int(shut_down_.size()) == world_size_; }
+
+  // The shared-memory negotiation every rank uses for cached allreduces (nullptr: none). The
+  // coordinator takes an id over from it whenever the general path must decide that id (see
+  // take_over) and gives it back once answered.
+  void set_board(NegotiationBoard* board) { board_ = board; }
 
   // Warnings for tensors some ranks submitted and others did not (stall inspector). Returns a
   // non-empty message when the stall exceeded the shutdown limit and the job must abort.
@@ -102,6 +108,20 @@ class Coordinator {
   std::vector<uint32_t> cached_ready_;  // fast-path ids ready on every member, in order
   StallInspector stalls_;
 
+  // The board's ids this coordinator decides for now: disabled there, so ranks send them over
+  // TCP. Arrivals already on the board are moved into pending_ (their first_seen: `since`).
+  void take_over(uint32_t id, Clock::time_point since);
+  void take_over_all();
+  // Gives back the ids it no longer needs to decide (nothing pending, nobody joined or gone).
+  void give_back();
+  void inspect_board(Clock::time_point now);
+  NegotiationBoard* board_ = nullptr;
+  std::set<uint32_t> taken_;
+  struct BoardWatch {  // an id with ranks waiting on the board, for the stall inspector
+    uint64_t completions = 0;
+    Clock::time_point since{};
+  };
+  std::vector<BoardWatch> watch_;
 };
 
 }  // namespace shvd

@@ -29,6 +29,13 @@ bool Request::same_params(const Request& o) const {
          group == o.group && group_size == o.group_size;
 }
 
+bool fusable_allreduces(const Response& a, const Response& b) {
+  return a.error.empty() && b.error.empty() && a.op == OpType::kAllreduce &&
+         b.op == OpType::kAllreduce && a.dtype == b.dtype && a.reduce_op == b.reduce_op &&
+         a.prescale == b.prescale && a.postscale == b.postscale &&
+         a.process_set == b.process_set && a.joined == b.joined;
+}
+
 namespace {
 
 class Writer {

@@ -69,6 +69,10 @@ struct Response {
   std::vector<int64_t> cache_ids;            // per name: response-cache id or -1
 };
 
+// Whether two allreduce responses can run as one fused collective (same dtype, reduction,
+// scaling, process set and joined ranks).
+bool fusable_allreduces(const Response& a, const Response& b);
+
 struct ResponseBatch {
   std::vector<Response> responses;
   bool shutdown = false;

@@ -17,6 +17,43 @@ void ResponseCache::remember(const std::string& name, int64_t id, const Request&
   if (slot.first != uint32_t(id) || !slot.second.same_params(own)) slot = {uint32_t(id), own};
 }
 
+void ResponseCache::remember_answers(const Response& resp, const ProcessSets& sets) {
+  const bool fast = resp.op == OpType::kAllreduce && resp.error.empty() && resp.joined.empty();
+  uint64_t members = 0;
+  if (fast)
+    for (int g : sets.members(resp.process_set)) members |= g < 64 ? 1ull << g : 0;
+  for (size_t i = 0; i < resp.names.size() && i < resp.cache_ids.size(); ++i) {
+    const int64_t id = resp.cache_ids[i];
+    if (id < 0) continue;
+    if (answers_.size() <= size_t(id)) {
+      answers_.resize(size_t(id) + 1);
+      answered_.resize(size_t(id) + 1, false);
+    }
+    answered_[id] = fast;
+    if (!fast) continue;
+    Answer& a = answers_[id];
+    Response& r = a.response;
+    r.op = resp.op;
+    r.names = {resp.names[i]};
+    r.dtype = resp.dtype;
+    r.reduce_op = resp.reduce_op;
+    r.prescale = resp.prescale;
+    r.postscale = resp.postscale;
+    r.root = resp.root;
+    r.process_set = resp.process_set;
+    r.shapes = {resp.shapes[i]};
+    r.cache_ids = {id};
+    a.members = members;
+    size_t elements = 1;
+    for (int64_t d : resp.shapes[i]) elements *= size_t(d);
+    a.bytes = elements * dtype_size(resp.dtype);
+  }
+}
+
+const ResponseCache::Answer* ResponseCache::answer(uint32_t id) const {
+  return id < answered_.size() && answered_[id] ? &answers_[id] : nullptr;
+}
+
 int64_t ResponseCache::id_of(const std::string& name) const {
   auto it = by_name_.find(name);
   return it == by_name_.end() ? -1 : int64_t(it->second);

@@ -8,6 +8,8 @@
 // receive in the same order (the rank's view: name -> id and its own request). A rank sends id k
 // for a request only when the coordinator's entry k holds exactly that request for that rank,
 // because both were recorded from the same answered request and entries are never renumbered.
+// Every rank also keeps the answers (the response per id), which are identical on every rank for
+// the same reason: the shared-memory fast path (negotiation_board.h) executes them by id.
 #pragma once
 
 #include <cstdint>
@@ -16,6 +18,7 @@
 #include <vector>
 
 #include "message.h"
+#include "process_sets.h"
 
 namespace shvd {
 
@@ -43,6 +46,18 @@ class ResponseCache {
   // rank can send the id. Ignores ids < 0 (not cached).
   void remember(const std::string& name, int64_t id, const Request& own);
 
+  // The answer the fast path gives an id: an allreduce answered without error or joined ranks.
+  struct Answer {
+    Response response;     // for this one name
+    uint64_t members = 0;  // bits of the process set's global ranks (fast path: < 64 ranks)
+    size_t bytes = 0;
+  };
+  // Records the answers `resp` gives its cached names (called for every response a rank
+  // executes, member or not, so the tables agree on every rank).
+  void remember_answers(const Response& resp, const ProcessSets& sets);
+  // The answer for `id`, or nullptr when the fast path may not answer it.
+  const Answer* answer(uint32_t id) const;
+
   // --- The coordinator's view (rank 0) -------------------------------------------------------
   size_t size() const { return entries_.size(); }
   Entry& entry(uint32_t id) { return entries_[id]; }
@@ -68,6 +83,8 @@ class ResponseCache {
   std::unordered_map<std::string, uint32_t> by_name_;
   // The rank's view: name -> (id, this rank's request as last answered).
   std::unordered_map<std::string, std::pair<uint32_t, Request>> own_;
+  std::vector<Answer> answers_;  // by id
+  std::vector<bool> answered_;   // by id: answers_[id] holds a fast-path answer
 };
 
 }  // namespace shvd

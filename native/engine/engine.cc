@@ -8,8 +8,9 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <exception>
+#include <cstdio>
 #include <cstring>
+#include <exception>
 
 #include "../common/logging.h"
 #include "../include/spark_hvd.h"
@@ -170,6 +171,7 @@ const Communicator& Engine::communicator(int process_set) {
 
 void Engine::loop() {
   try {
+    set_up_board();
     while (!finished_) {
       const bool burst_over = wait_for_work();
       if (timeline_.active()) timeline_.cycle();
@@ -196,10 +198,11 @@ void Engine::loop() {
 bool Engine::wait_for_work() {
   std::vector<pollfd> fds;
   fds.push_back({wake_fd_, POLLIN, 0});
+  fds.push_back({board_ ? board_->wake_fd() : -1, POLLIN, 0});  // poll skips a negative fd
   for (auto& link : mesh_.control)
     if (link) fds.push_back({link->fd(), POLLIN, 0});
-  pollfd* control_fds = fds.data() + 1;
-  const nfds_t ncontrol = fds.size() - 1;
+  pollfd* control_fds = fds.data() + 2;
+  const nfds_t ncontrol = fds.size() - 2;
   // Wake at least once a second: the coordinator's stall inspector runs on wake-ups.
   const auto deadline = Clock::now() + std::chrono::seconds(1);
 
@@ -208,8 +211,13 @@ bool Engine::wait_for_work() {
     // batching_/flush_requested_ make sure a user thread that starts waiting either sees
     // batching_ and wakes us, or is seen here.
     batching_.store(true);
-    if (handles_.waiters() == 0 && !flush_requested_.load())
-      sleep_until(fds, std::min(deadline, burst_until_));
+    const auto awaited_now = [this] { return handles_.waiters() > 0 || flush_requested_.load(); };
+    // A synchronous op's wait follows its enqueue within microseconds: look for it briefly
+    // before paying for a sleep and a wake-up (not with more local ranks than CPUs).
+    for (const auto until = Clock::now() + std::min<Clock::duration>(waiter_spin_, kBurstSpin);
+         !awaited_now() && Clock::now() < until;)
+      std::this_thread::yield();
+    if (!awaited_now()) sleep_until(fds, std::min(deadline, burst_until_));
     batching_.store(false);
     drain_wake_fd(fds[0]);
     bool shutdown;
@@ -248,11 +256,12 @@ bool Engine::wait_for_work() {
   const Clock::duration window = handles_.waiters() > 0 ? std::max(spin, waiter_spin_) : spin;
   const auto spin_until = last_activity_ + window;
   while (Clock::now() < std::min(spin_until, deadline)) {
-    if (work_pending_.load()) break;
+    if (work_pending_.load() || board_has_work()) break;
     if (ncontrol && poll(control_fds, ncontrol, 0) > 0) break;
     std::this_thread::yield();
   }
-  if (!work_pending_.load() && !(ncontrol && poll(control_fds, ncontrol, 0) > 0)) {
+  if (!work_pending_.load() && !board_has_work() &&
+      !(ncontrol && poll(control_fds, ncontrol, 0) > 0)) {
     sleeping_.store(true);
     // Re-check after announcing sleep: an enqueue that missed the flag already set
     // work_pending_, one that saw it writes the eventfd.
@@ -273,10 +282,23 @@ void Engine::drain_wake_fd(const pollfd& fd) {
 }
 
 void Engine::sleep_until(std::vector<pollfd>& fds, Clock::time_point deadline) {
+  if (board_) {
+    // Raise the flag, then look: an append either saw the flag (and wakes us through the
+    // socket) or happened before the look.
+    board_->set_sleeping(true);
+    if (board_has_work()) {
+      board_->set_sleeping(false);
+      return;
+    }
+  }
   const auto wait = std::max<int64_t>(
       0, std::chrono::duration_cast<std::chrono::nanoseconds>(deadline - Clock::now()).count());
   timespec ts{time_t(wait / 1000000000), long(wait % 1000000000)};
   ppoll(fds.data(), fds.size(), &ts, nullptr);
+  if (board_) {
+    board_->set_sleeping(false);
+    if (fds[1].revents & POLLIN) board_->drain_wake_fd();
+  }
 }
 
 void Engine::request_flush() {
@@ -322,7 +344,10 @@ void Engine::submit(std::vector<Entry> entries, bool burst_over) {
     const Request& req = e.request;
     if (timeline_.active()) timeline_.begin(req.name, "NEGOTIATE");
     const int64_t cached = cache_.lookup(req);
-    if (cached >= 0)
+    const ResponseCache::Answer* answer = cached >= 0 ? cache_.answer(uint32_t(cached)) : nullptr;
+    // On the board, the id stands for its cached response, which must be for this process set
+    // (a name can have been answered last on another one).
+    if (cached >= 0 && !(board_ && answer && answer->response.process_set != req.process_set))
       batch.cached.push_back(uint32_t(cached));
     else
       batch.requests.push_back(req);
@@ -343,6 +368,14 @@ void Engine::submit(std::vector<Entry> entries, bool burst_over) {
 
 void Engine::flush_requests() {
   RequestBatch& batch = unsent_;
+  if (board_ && !batch.cached.empty()) {
+    size_t refused = 0;  // those go to the coordinator
+    std::vector<uint64_t> completed;
+    for (uint32_t id : batch.cached)
+      if (!arrive_on_board(id, &completed)) batch.cached[refused++] = id;
+    batch.cached.resize(refused);
+    board_->append(completed.data(), completed.size());
+  }
   if (batch.requests.empty() && batch.cached.empty() && !batch.shutdown) return;
   if (options_.rank == 0)
     coordinator_->add_batch(batch);
@@ -380,9 +413,18 @@ void Engine::run_coordinator(bool burst_over) {
         }
   }
   batch.shutdown = coordinator_->all_shut_down();
-  if (batch.responses.empty() && !batch.shutdown) return;
-  const std::string frame = encode(batch);
-  for (int r = 1; r < options_.size; ++r) send_frame(mesh_.control[r].get(), frame);
+  if (!batch.responses.empty() || batch.shutdown) {
+    const std::string frame = encode(batch);
+    // With a board, every rank executes the batch where its marker stands in the log.
+    if (board_) board_->append(NegotiationBoard::kMarker | (batches_sent_++ & NegotiationBoard::kValueMask));
+    for (int r = 1; r < options_.size; ++r) send_frame(mesh_.control[r].get(), frame);
+    if (board_) tcp_batches_.push_back(std::move(batch));
+    else run_batch(batch);
+  }
+  read_board();
+}
+
+void Engine::run_batch(const ResponseBatch& batch) {
   for (const Response& resp : batch.responses) execute(resp);
   if (batch.shutdown) finished_ = true;
 }
@@ -392,12 +434,155 @@ void Engine::run_worker(bool burst_over) {
   for (const std::string& frame : read_frames(0)) {
     ResponseBatch batch = decode_response_batch(frame);
     if (!batch.abort.empty()) throw PeerLostError(batch.abort);
-    for (const Response& resp : batch.responses) execute(resp);
-    if (batch.shutdown) {
-      finished_ = true;
-      break;
+    if (board_) {
+      tcp_batches_.push_back(std::move(batch));
+      continue;
+    }
+    run_batch(batch);
+    if (finished_) break;
+  }
+  read_board();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Shared-memory negotiation
+
+std::string Engine::receive_frame(int peer) {
+  const auto give_up = Clock::now() + std::chrono::seconds(60);
+  Link* link = mesh_.control[peer].get();
+  for (;;) {
+    std::vector<std::string> frames = read_frames(peer);
+    if (!frames.empty()) {
+      // Frames that came with it (rank 0's first response batch can follow its last set-up
+      // message at once) go back to the inbox, in order, for the loop to read.
+      std::string rest;
+      for (size_t i = 1; i < frames.size(); ++i) {
+        const uint32_t n = uint32_t(frames[i].size());
+        rest.append(reinterpret_cast<const char*>(&n), sizeof n);
+        rest += frames[i];
+      }
+      control_inbox_[peer].insert(0, rest);
+      return frames.front();
+    }
+    if (Clock::now() > give_up)
+      throw PeerLostError("rank " + std::to_string(peer) +
+                          " did not answer while setting up the shared-memory negotiation");
+    pollfd fd{link->fd(), POLLIN, 0};
+    if (fd.fd >= 0) poll(&fd, 1, 100);
+    else std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+}
+
+void Engine::set_up_board() {
+  // Every rank computes the same answer here (all ranks on one host or not); rank 0 then
+  // decides whether there is a board, and tells the others.
+  if (options_.size < 2 || options_.local_size != options_.size) return;
+  if (options_.rank == 0) {
+    if (options_.shm_negotiation && shared_memory_ && cache_.enabled() &&
+        options_.size <= NegotiationBoard::kMaxRanks) {
+      try {
+        board_ = NegotiationBoard::create(options_.job_id, options_.size,
+                                          uint32_t(options_.coordinator.cache_capacity));
+      } catch (const std::exception& e) {
+        log_message(LogLevel::kDebug, "shared-memory negotiation unavailable: %s", e.what());
+      }
+    }
+    const std::string offer =
+        board_ ? board_->name() + " " + std::to_string(board_->ids()) + " " +
+                     std::to_string(options_.coordinator.fusion_threshold_bytes)
+               : "";
+    for (int r = 1; r < options_.size; ++r) send_frame(mesh_.control[r].get(), offer);
+    if (!board_) return;
+    bool everyone = true;
+    for (int r = 1; r < options_.size; ++r) everyone = receive_frame(r) == "ok" && everyone;
+    for (int r = 1; r < options_.size; ++r) send_frame(mesh_.control[r].get(), everyone ? "on" : "off");
+    board_->unlink();  // everyone who will map it has
+    if (!everyone) {
+      board_.reset();
+      return;
+    }
+    board_fusion_bytes_ = options_.coordinator.fusion_threshold_bytes;
+    coordinator_->set_board(board_.get());
+    return;
+  }
+  const std::string offer = receive_frame(0);
+  if (offer.empty()) return;
+  char name[256];
+  unsigned long ids = 0, fusion = 0;
+  std::string reply = "no";
+  if (std::sscanf(offer.c_str(), "%255s %lu %lu", name, &ids, &fusion) == 3) {
+    try {
+      board_ = NegotiationBoard::open(name, options_.rank, options_.size, uint32_t(ids));
+      reply = "ok";
+    } catch (const std::exception& e) {
+      log_message(LogLevel::kDebug, "shared-memory negotiation unavailable: %s", e.what());
     }
   }
+  send_frame(mesh_.control[0].get(), reply);
+  if (receive_frame(0) != "on") board_.reset();
+  board_fusion_bytes_ = fusion;
+}
+
+bool Engine::arrive_on_board(uint32_t id, std::vector<uint64_t>* completed) {
+  const ResponseCache::Answer* answer = cache_.answer(id);
+  if (!answer || id >= board_->ids() || !(answer->members >> options_.rank & 1)) return false;
+  switch (board_->arrive(id, options_.rank, answer->members)) {
+    case NegotiationBoard::Arrival::kRefused: return false;
+    case NegotiationBoard::Arrival::kWaiting: return true;
+    case NegotiationBoard::Arrival::kCompleted: break;
+  }
+  completed->push_back(id);
+  return true;
+}
+
+bool Engine::board_has_work() const {
+  if (!board_ || board_->tail() == board_read_) return false;
+  // A marker whose batch has not arrived yet waits for the control link, not for the board.
+  return !(board_->entry(board_read_) & NegotiationBoard::kMarker) || !tcp_batches_.empty();
+}
+
+void Engine::read_board() {
+  if (!board_ || board_->tail() == board_read_) return;
+  const uint64_t end = board_->seal();
+  while (board_read_ < end && !finished_) {
+    const uint64_t entry = board_->entry(board_read_);
+    if (entry & NegotiationBoard::kMarker) {
+      if (tcp_batches_.empty()) break;  // still on its way
+      ResponseBatch batch = std::move(tcp_batches_.front());
+      tcp_batches_.pop_front();
+      ++board_read_;
+      run_batch(batch);
+      continue;
+    }
+    const ResponseCache::Answer* answer = cache_.answer(uint32_t(entry));
+    if (!answer)
+      throw std::logic_error("negotiation board: no cached response for id " +
+                             std::to_string(entry));
+    Response fused = answer->response;
+    size_t bytes = answer->bytes;
+    ++board_read_;
+    // The entries appended while this one was unsealed, as far as they fit into one collective
+    // (every rank holds the same answers, so every rank splits the same way).
+    while (board_read_ < end && board_->fuses(board_read_)) {
+      const ResponseCache::Answer* next = cache_.answer(uint32_t(board_->entry(board_read_)));
+      if (!next || !fusable_allreduces(fused, next->response) ||
+          bytes + next->bytes > board_fusion_bytes_)
+        break;
+      fused.names.push_back(next->response.names[0]);
+      fused.shapes.push_back(next->response.shapes[0]);
+      fused.cache_ids.push_back(next->response.cache_ids[0]);
+      bytes += next->bytes;
+      ++board_read_;
+    }
+    if (timeline_.active())
+      for (const auto& name : fused.names)
+        if (table_.count(name)) {
+          timeline_.end(name, "NEGOTIATE");
+          timeline_.begin(name, "QUEUE");
+        }
+    execute(fused, true);
+  }
+  board_->consumed(board_read_);
 }
 
 void Engine::abort_job(const std::string& why) {
@@ -438,8 +623,9 @@ void Engine::abort_job(const std::string& why) {
 
 // ---------------------------------------------------------------------------------------------
 
-void Engine::execute(const Response& resp) {
+void Engine::execute(const Response& resp, bool from_board) {
   last_activity_ = Clock::now();
+  if (!from_board) cache_.remember_answers(resp, sets_);
   execute_response(resp);
   handles_.wake_waiters();
 }

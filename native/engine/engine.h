@@ -25,6 +25,7 @@
 #include "../algorithms/shared_memory_group.h"
 #include "../controller/coordinator.h"
 #include "../controller/message.h"
+#include "../controller/negotiation_board.h"
 #include "../controller/process_sets.h"
 #include "../controller/response_cache.h"
 #include "../timeline/timeline.h"
@@ -49,6 +50,9 @@ struct EngineOptions {
   double cycle_time_ms = 0.5;  // a burst's window (see Engine::in_burst_)
   // See Engine::overlap_. -1: decide from the host (off when ranks * 2 threads > CPUs).
   int overlap = -1;
+  // Negotiate cached allreduces through shared memory when every rank shares this host
+  // (negotiation_board.h). Rank 0's setting applies to every rank.
+  bool shm_negotiation = true;
 };
 
 // One enqueued op as the engine keeps it until completion.
@@ -93,9 +97,24 @@ class Engine {
   // Blocks in poll() on the wake eventfd and the control links until `deadline`.
   void sleep_until(std::vector<pollfd>& fds, Clock::time_point deadline);
 
+  // Shared-memory negotiation (see negotiation_board.h). Set up collectively before the loop
+  // starts, when every rank shares this host; board_ stays null otherwise (or on any failure,
+  // on every rank alike).
+  void set_up_board();
+  std::string receive_frame(int peer);  // blocks (set-up only)
+  // Puts a cached id on the board; false when the board refused it (send it over TCP). An id
+  // this arrival completed is added to `completed` (the caller appends them to the log).
+  bool arrive_on_board(uint32_t id, std::vector<uint64_t>* completed);
+  // Executes the log's entries up to its tail: cached responses (fused where they fit) and, at
+  // each marker, the coordinator's next response batch (stops at one not yet received).
+  void read_board();
+  bool board_has_work() const;  // entries this rank can execute now
+  void run_batch(const ResponseBatch& batch);
+
   void run_coordinator(bool burst_over);
   void run_worker(bool burst_over);
-  void execute(const Response& response);
+  // `from_board`: a cached response off the board (its answers are already remembered).
+  void execute(const Response& response, bool from_board = false);
   void execute_response(const Response& response);
   void complete(Entry& entry, int error_kind = 0, const std::string& error = "");
   void abort_job(const std::string& why);
@@ -124,6 +143,11 @@ class Engine {
   std::map<int, Communicator> communicators_;
   std::vector<std::string> control_inbox_;  // per peer: bytes of a partially received frame
   std::map<int, std::unique_ptr<SharedMemoryGroup>> shm_groups_;
+  std::unique_ptr<NegotiationBoard> board_;
+  uint64_t board_read_ = 0;                // log entries this rank executed
+  size_t board_fusion_bytes_ = 0;          // rank 0's fusion threshold (every rank alike)
+  std::deque<ResponseBatch> tcp_batches_;  // received, waiting for their marker in the log
+  uint64_t batches_sent_ = 0;              // rank 0: markers appended
 
   // Shared with user threads.
   std::mutex queue_mu_;
@@ -160,6 +184,7 @@ class Engine {
   Clock::time_point burst_started_{};
   Clock::time_point burst_until_{};
   static constexpr std::chrono::microseconds kSubmissionPause{50};
+  static constexpr std::chrono::microseconds kBurstSpin{50};
   static constexpr int kMaxBurstCycles = 10;
   static constexpr int kMaxDeferredCycles = 100;
   // How long the engine spins for a response while a user thread waits for it (a wake-up

@@ -2,10 +2,14 @@
 // diagnosis, the stall inspector and the coordinator that uses them, driven with request batches
 // as the ranks' engines send them. Built and run by tests/test_native_units.py; not part of the
 // library.
+#include <poll.h>
+#include <unistd.h>
+
 #include <thread>
 
 #include "../controller/coordinator.h"
 #include "../controller/mismatch.h"
+#include "../controller/negotiation_board.h"
 #include "../controller/response_cache.h"
 #include "../controller/stall_inspector.h"
 #include "harness.h"
@@ -21,6 +25,13 @@ Request allreduce(const std::string& name, std::vector<int64_t> shape, int proce
   r.name = name;
   r.shape = std::move(shape);
   r.process_set = process_set;
+  return r;
+}
+
+Request join_request() {
+  Request r;
+  r.op = OpType::kJoin;
+  r.name = "__join__";
   return r;
 }
 
@@ -59,6 +70,18 @@ void answer_once(Setup& s, const std::string& name) {
   s.coordinator->add_batch(full(0, {allreduce(name, {4})}));
   s.coordinator->add_batch(full(1, {allreduce(name, {4})}));
   CHECK(s.coordinator->take_ready().size() == 1);
+}
+
+// Runs the stall inspector until it warns (at most 5 s); its warnings.
+std::vector<std::string> stall_warnings(Setup& s) {
+  std::vector<std::string> warnings;
+  auto warn = [&](const std::string& m) { warnings.push_back(m); };
+  const auto deadline = Coordinator::Clock::now() + std::chrono::seconds(5);
+  while (warnings.empty() && Coordinator::Clock::now() < deadline) {
+    CHECK(s.coordinator->inspect_stalls(Coordinator::Clock::now(), warn).empty());
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return warnings;
 }
 
 // ---- ResponseCache ----------------------------------------------------------------------------
@@ -187,9 +210,7 @@ void test_coordinator_join_demotes_cached() {
   Setup s(2);
   answer_once(s, "a");
   s.coordinator->add_batch(cached(0, {0}));
-  Request join;
-  join.op = OpType::kJoin;
-  join.name = "__join__";
+  const Request join = join_request();
   s.coordinator->add_batch(full(1, {join}));
   // Rank 0's allreduce goes on without the joined rank (which contributes zeros).
   std::vector<Response> out = s.coordinator->take_ready();
@@ -204,13 +225,7 @@ void test_coordinator_stall_on_cached_id() {
   Setup s(2, 16, 0.2);
   answer_once(s, "a");
   s.coordinator->add_batch(cached(0, {0}));  // rank 1 never sends it
-  std::vector<std::string> warnings;
-  auto warn = [&](const std::string& m) { warnings.push_back(m); };
-  const auto deadline = Coordinator::Clock::now() + std::chrono::seconds(5);
-  while (warnings.empty() && Coordinator::Clock::now() < deadline) {
-    CHECK(s.coordinator->inspect_stalls(Coordinator::Clock::now(), warn).empty());
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
+  const std::vector<std::string> warnings = stall_warnings(s);
   CHECK(warnings.size() == 1 &&
         warnings[0].find("tensor 'a' was submitted by ranks [0] but ranks [1]") != std::string::npos);
 }
@@ -229,6 +244,122 @@ void test_coordinator_shutdown_fails_waiting_ops() {
                         "tensor 'a'");
 }
 
+// ---- negotiation board ------------------------------------------------------------------------
+
+// A board for ranks 0 and 1, both mapped in this process (the protocol only needs the two views).
+struct Board2 {
+  explicit Board2(uint32_t ids = 16) {
+    r0 = NegotiationBoard::create("unittest" + std::to_string(getpid()), 2, ids);
+    r1 = NegotiationBoard::open(r0->name(), 1, 2, ids);
+    r0->unlink();
+  }
+  std::unique_ptr<NegotiationBoard> r0, r1;
+};
+
+using Arrival = NegotiationBoard::Arrival;
+
+void test_board_arrivals() {
+  Board2 b;
+  CHECK(b.r0->arrive(3, 0, 0b11) == Arrival::kWaiting);
+  CHECK(b.r1->waiting(3) == 0b01);  // the other rank's view of the same word
+  CHECK(b.r1->arrive(3, 1, 0b11) == Arrival::kCompleted);
+  CHECK(b.r0->waiting(3) == 0 && b.r0->completions(3) == 1);
+  // A one-member process set completes at once; other ids are independent.
+  CHECK(b.r1->arrive(4, 1, 0b10) == Arrival::kCompleted);
+  CHECK(b.r0->arrive(5, 0, 0b11) == Arrival::kWaiting);
+  // Taken over: the waiting bits go to the coordinator, later arrivals are refused until the
+  // id is given back.
+  CHECK(b.r0->steal(5) == 0b01);
+  CHECK(b.r1->arrive(5, 1, 0b11) == Arrival::kRefused);
+  CHECK(b.r0->waiting(5) == 0);
+  b.r0->enable(5);
+  CHECK(b.r1->arrive(5, 1, 0b11) == Arrival::kWaiting);
+}
+
+void test_board_log_groups_and_wakeups() {
+  Board2 b;
+  b.r0->append(5);
+  b.r1->append(6);  // appended while 5 is unsealed: may fuse with it
+  CHECK(b.r0->tail() == 2 && b.r0->entry(0) == 5 && b.r1->entry(1) == 6);
+  CHECK(!b.r0->fuses(0) && b.r0->fuses(1));
+  CHECK(b.r1->seal() == 2);  // a reader starts executing 5 and 6
+  b.r0->append(7);           // too late to join them
+  b.r0->append(NegotiationBoard::kMarker | 0);
+  b.r0->append(8);
+  CHECK(!b.r1->fuses(2) && !b.r1->fuses(3) && !b.r1->fuses(4));  // markers never fuse
+  CHECK(b.r1->entry(3) == (NegotiationBoard::kMarker | 0));
+  // A sleeping rank is woken by an append, an awake one is not (no system call).
+  pollfd fd{b.r1->wake_fd(), POLLIN, 0};
+  b.r0->append(9);
+  CHECK(poll(&fd, 1, 0) == 0);
+  b.r1->set_sleeping(true);
+  b.r0->append(10);
+  CHECK(poll(&fd, 1, 2000) == 1);
+  b.r1->drain_wake_fd();
+  b.r1->set_sleeping(false);
+  CHECK(poll(&fd, 1, 0) == 0);
+  // The ring reuses space the ranks consumed.
+  b.r0->consumed(b.r0->tail());
+  b.r1->consumed(b.r1->tail());
+  for (int i = 0; i < 10000; ++i) {
+    b.r0->append(uint64_t(i % 16));
+    b.r0->consumed(b.r0->tail());
+    b.r1->consumed(b.r1->tail());
+  }
+  CHECK(b.r0->tail() == 10007 && b.r1->entry(10006) == 9999 % 16);
+}
+
+void test_coordinator_takes_board_ids_over() {
+  Setup s(2);
+  Board2 b;
+  s.coordinator->set_board(b.r0.get());
+  answer_once(s, "a");  // id 0
+  CHECK(b.r0->arrive(0, 0, 0b11) == Arrival::kWaiting);
+  // Rank 1 changed the shape: its full request makes the coordinator take id 0 over, with
+  // rank 0's arrival, and name the mismatch.
+  s.coordinator->add_batch(full(1, {allreduce("a", {5})}));
+  CHECK(b.r1->arrive(0, 1, 0b11) == Arrival::kRefused);
+  std::vector<Response> out = s.coordinator->take_ready();
+  CHECK(out.size() == 1 && out[0].error ==
+        "Mismatched shapes for tensor 'a' in allreduce: ranks [0] sent [4]; ranks [1] sent [5]");
+  // Answered: the id is back on the board.
+  CHECK(b.r1->arrive(0, 1, 0b11) == Arrival::kWaiting);
+  CHECK(b.r0->arrive(0, 0, 0b11) == Arrival::kCompleted);
+}
+
+void test_coordinator_join_takes_board_over() {
+  Setup s(2);
+  Board2 b;
+  s.coordinator->set_board(b.r0.get());
+  answer_once(s, "a");
+  CHECK(b.r0->arrive(0, 0, 0b11) == Arrival::kWaiting);
+  const Request join = join_request();
+  s.coordinator->add_batch(full(1, {join}));
+  std::vector<Response> out = s.coordinator->take_ready();
+  CHECK(out.size() == 1 && out[0].names[0] == "a" && (out[0].joined == std::vector<int>{1}));
+  CHECK(b.r0->arrive(0, 0, 0b11) == Arrival::kRefused);  // still joined: over TCP
+  s.coordinator->add_batch(full(0, {join}));
+  out = s.coordinator->take_ready();
+  CHECK(out.size() == 1 && out[0].op == OpType::kJoin);
+  CHECK(b.r0->arrive(0, 0, 0b11) == Arrival::kWaiting);  // everyone is back
+}
+
+void test_coordinator_stall_on_board() {
+  Setup s(2, 16, 0.2);
+  Board2 b;
+  s.coordinator->set_board(b.r0.get());
+  answer_once(s, "a");
+  CHECK(b.r0->arrive(0, 0, 0b11) == Arrival::kWaiting);  // rank 1 never arrives
+  const std::vector<std::string> warnings = stall_warnings(s);
+  CHECK(warnings.size() == 1 &&
+        warnings[0].find("tensor 'a' was submitted by ranks [0] but ranks [1]") != std::string::npos);
+  // Rank 1 finally sends it: over TCP now (the id was taken over), answered by the coordinator.
+  CHECK(b.r1->arrive(0, 1, 0b11) == Arrival::kRefused);
+  s.coordinator->add_batch(cached(1, {0}));
+  std::vector<Response> out = s.coordinator->take_ready();
+  CHECK(out.size() == 1 && out[0].error.empty() && out[0].names[0] == "a");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -242,5 +373,10 @@ int main(int argc, char** argv) {
   run_test("coordinator: join demotes cached ids", test_coordinator_join_demotes_cached);
   run_test("coordinator: stall on a cached id", test_coordinator_stall_on_cached_id);
   run_test("coordinator: shutdown fails waiting ops", test_coordinator_shutdown_fails_waiting_ops);
+  run_test("board: arrivals, take-over", test_board_arrivals);
+  run_test("board: log groups, wake-ups, ring", test_board_log_groups_and_wakeups);
+  run_test("coordinator: takes board ids over", test_coordinator_takes_board_ids_over);
+  run_test("coordinator: join takes the board over", test_coordinator_join_takes_board_over);
+  run_test("coordinator: stall on the board", test_coordinator_stall_on_board);
   return summary();
 }
