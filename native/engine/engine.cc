@@ -503,6 +503,8 @@ void Engine::set_up_board() {
     }
     board_fusion_bytes_ = options_.coordinator.fusion_threshold_bytes;
     coordinator_->set_board(board_.get());
+    log_message(LogLevel::kDebug, "cached allreduces are negotiated through shared memory (%s)",
+                board_->name().c_str());
     return;
   }
   const std::string offer = receive_frame(0);

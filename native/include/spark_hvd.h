@@ -90,6 +90,9 @@ typedef struct {
   /* Capacity of each direction of a shared-memory pipe between two ranks of a host (0: the
    * default, 4 MiB; bounded to [64 KiB, 1 GiB], whole pages). */
   int64_t shm_pipe_bytes;
+  /* 1: when every rank shares one host, agree on cached allreduces through shared memory
+   * instead of the coordinator (rank 0's value applies to every rank); 0: never. */
+  int32_t shm_negotiation;
 } shvd_init_options;
 
 enum {

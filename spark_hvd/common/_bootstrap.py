@@ -208,6 +208,7 @@ def start(config, comm=None, process_sets=(), rendezvous=None, placement=None, s
         shm_single_copy_min_bytes=(-1 if config.shm_single_copy_min_bytes is None
                                    else config.shm_single_copy_min_bytes),
         shm_arenas=1 if config.shared_gradients else 0,
-        shm_pipe_bytes=config.shm_pipe_bytes)
+        shm_pipe_bytes=config.shm_pipe_bytes,
+        shm_negotiation=1 if config.shm_negotiation else 0)
     check(lib.shvd_init(opts))
     return placement

@@ -87,6 +87,8 @@ class Config:
         # the TCP data sockets' send/receive buffers (None: the core's 4 MiB; 0: the kernel's
         # autotuning).
         self.shm_pipe_bytes = env_int("SHM_PIPE_BYTES", 0)
+        # Cached allreduces agreed through shared memory when every rank shares one host.
+        self.shm_negotiation = env_flag("SHM_NEGOTIATION", True)
         self.tcp_buffer_bytes = env_int("TCP_BUFFER_BYTES", None)
         # Gradients in memory every local member maps, reduced in place (torch).
         self.shared_gradients = env_flag("SHARED_GRADIENTS", True)

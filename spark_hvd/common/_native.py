@@ -40,6 +40,7 @@ class InitOptions(ctypes.Structure):
         ("shm_single_copy_min_bytes", ctypes.c_int64),
         ("shm_arenas", ctypes.c_int32),
         ("shm_pipe_bytes", ctypes.c_int64),
+        ("shm_negotiation", ctypes.c_int32),
     ]
 
 
