@@ -5,7 +5,6 @@
 
 #include "collectives.h"
 #include "reduce_kernels.h"
-#include "shared_memory_group.h"
 
 namespace shvd {
 
@@ -62,20 +61,6 @@ void send_recv_reduce(Link* to, const void* sbuf, size_t sn, Link* from, void* d
       const LinkWait waits[2] = {{to, sent < sn, false}, {from, false, received < rn}};
       wait_for_progress(waits, 2, idle_rounds++);
     }
-  }
-}
-
-void allreduce(const Communicator& comm, void* buf, size_t count, DataType dtype, ReduceOp op,
-               Scratch& scratch, size_t ring_threshold_bytes) {
-  if (comm.size <= 1 || count == 0) return;
-  if (comm.shm_group) {
-    comm.shm_group->allreduce(comm, {{buf, buf, count}}, dtype, op, 1.0);
-    return;
-  }
-  if (count * dtype_size(dtype) <= ring_threshold_bytes || count < (size_t)comm.size) {
-    allreduce_recursive_doubling(comm, buf, count, dtype, op, scratch);
-  } else {
-    allreduce_ring(comm, buf, count, dtype, op, scratch);
   }
 }
 

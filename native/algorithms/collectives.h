@@ -38,13 +38,19 @@ class Scratch {
   std::vector<uint8_t> storage_;
 };
 
+// One tensor of a response: read from `in`, result written to `out` (may alias); `count`
+// elements.
+struct TensorSpan {
+  const void* in;
+  void* out;
+  size_t count;
+};
+
 // Messages at or below this many bytes use recursive doubling (latency-bound); above it the ring
-// (bandwidth-bound). Overridable with SPARK_HVD_RING_THRESHOLD.
+// (bandwidth-bound), see dispatch.cc. Overridable with SPARK_HVD_RING_THRESHOLD.
 constexpr size_t kDefaultRingThresholdBytes = 64 * 1024;
 
-// In-place allreduce of `count` elements. Average is reduced as Sum (the caller scales).
-void allreduce(const Communicator& comm, void* buf, size_t count, DataType dtype, ReduceOp op,
-               Scratch& scratch, size_t ring_threshold_bytes);
+// In-place allreduces of `count` elements. Average is reduced as Sum (the caller scales).
 void allreduce_ring(const Communicator& comm, void* buf, size_t count, DataType dtype,
                     ReduceOp op, Scratch& scratch);
 void allreduce_recursive_doubling(const Communicator& comm, void* buf, size_t count,

@@ -384,7 +384,7 @@ void SharedMemoryGroup::wait_all(const Communicator& comm, int which, uint64_t t
 // The fused tensors seen as one logical array of bytes.
 class SegmentedBuffer {
  public:
-  SegmentedBuffer(const std::vector<SharedMemoryGroup::Segment>& segments, size_t esize)
+  SegmentedBuffer(const std::vector<TensorSpan>& segments, size_t esize)
       : segments_(segments), esize_(esize) {
     size_t pos = 0;
     for (const auto& s : segments) {
@@ -394,7 +394,7 @@ class SegmentedBuffer {
     starts_.push_back(pos);
   }
   size_t bytes() const { return starts_.back(); }
-  const std::vector<SharedMemoryGroup::Segment>& segments() const { return segments_; }
+  const std::vector<TensorSpan>& segments() const { return segments_; }
 
   // Calls fn(segment, offset_in_segment, length, offset_within_range) for each piece of
   // [pos, pos + len).
@@ -421,7 +421,7 @@ class SegmentedBuffer {
   }
 
  private:
-  const std::vector<SharedMemoryGroup::Segment>& segments_;
+  const std::vector<TensorSpan>& segments_;
   size_t esize_;
   std::vector<size_t> starts_;
 };
@@ -480,38 +480,40 @@ SharedMemoryGroup::Chunk SharedMemoryGroup::Plan::chunk(size_t k) const {
   return Chunk{seq, int(seq & 1), first, std::min(chunk_elems, count - first), n, esize};
 }
 
-bool SharedMemoryGroup::single_copy(const std::vector<Segment>& segments, DataType dtype) const {
-  if (!single_copy_ || segments.size() > kMaxSingleCopySegments) return false;
-  size_t count = 0;
-  for (const Segment& s : segments) count += s.count;
-  return count * dtype_size(dtype) >= single_copy_min_bytes_;
+bool SharedMemoryGroup::single_copy_suits(size_t bytes, size_t tensors) const {
+  return single_copy_ && tensors <= kMaxSingleCopySegments && bytes >= single_copy_min_bytes_;
 }
 
-const char* SharedMemoryGroup::allreduce(const Communicator& comm,
-                                         const std::vector<Segment>& segments, DataType dtype,
-                                         ReduceOp op, double scale) {
-  const size_t esize = dtype_size(dtype);
-  const SegmentedBuffer data(segments, esize);
-  // Every member sees the same response, so all of them check for arenas or none does.
-  if (arenas_ && data.bytes() > 0 && data.bytes() >= arena_min_bytes_ &&
-      allreduce_in_arenas(comm, data, dtype, op, scale))
-    return "SHM_ARENA_ALLREDUCE";
-  const bool direct = single_copy(segments, dtype);
-  if (data.bytes() > 0) {
-    // Single copy's chunks live in private buffers, not in the segment's slots: twice the slot
-    // size halves its barriers and process_vm_readv calls (16 MiB took 1.76-1.91 ms instead of
-    // 2.26-2.38 here; 4 and 64 MiB unchanged).
-    const Plan plan = start(comm, data.bytes() / esize, esize,
-                            direct ? 2 * chunk_bytes_ : chunk_bytes_);
-    if (direct) allreduce_single_copy(comm, data, plan, dtype, op, scale);
-    else allreduce_through_slots(comm, data, plan, dtype, op, scale);
-  }
-  return direct ? "SHM_SINGLE_COPY_ALLREDUCE" : "SHM_ALLREDUCE";
+bool SharedMemoryGroup::arenas_worth_checking(size_t bytes) const {
+  return arenas_ && bytes > 0 && bytes >= arena_min_bytes_;
 }
 
 void SharedMemoryGroup::allreduce_through_slots(const Communicator& comm,
-                                                const SegmentedBuffer& data, const Plan& plan,
+                                                const std::vector<TensorSpan>& tensors,
                                                 DataType dtype, ReduceOp op, double scale) {
+  const size_t esize = dtype_size(dtype);
+  const SegmentedBuffer data(tensors, esize);
+  if (data.bytes() == 0) return;
+  slots_allreduce(comm, data, start(comm, data.bytes() / esize, esize, chunk_bytes_), dtype, op,
+                  scale);
+}
+
+void SharedMemoryGroup::allreduce_single_copy(const Communicator& comm,
+                                              const std::vector<TensorSpan>& tensors,
+                                              DataType dtype, ReduceOp op, double scale) {
+  const size_t esize = dtype_size(dtype);
+  const SegmentedBuffer data(tensors, esize);
+  if (data.bytes() == 0) return;
+  // Single copy's chunks live in private buffers, not in the segment's slots: twice the slot
+  // size halves its barriers and process_vm_readv calls (16 MiB took 1.76-1.91 ms instead of
+  // 2.26-2.38 here; 4 and 64 MiB unchanged).
+  single_copy_allreduce(comm, data, start(comm, data.bytes() / esize, esize, 2 * chunk_bytes_),
+                        dtype, op, scale);
+}
+
+void SharedMemoryGroup::slots_allreduce(const Communicator& comm, const SegmentedBuffer& data,
+                                        const Plan& plan, DataType dtype, ReduceOp op,
+                                        double scale) {
   const int n = members_, me = comm.rank;
   const size_t esize = plan.esize;
   Counter* mine = static_cast<Control*>(base_)[me].seq;
@@ -576,7 +578,7 @@ void SharedMemoryGroup::allreduce_through_slots(const Communicator& comm,
 //     peer may still read them;
 //   - the table (where my tensors are) is written before kIn is published and stays unchanged
 //     until the final barrier.
-void SharedMemoryGroup::allreduce_single_copy(const Communicator& comm,
+void SharedMemoryGroup::single_copy_allreduce(const Communicator& comm,
                                               const SegmentedBuffer& data, const Plan& plan,
                                               DataType dtype, ReduceOp op, double scale) {
   const int n = members_, me = comm.rank;
@@ -689,11 +691,12 @@ uint8_t* SharedMemoryGroup::peer_arena(const Communicator& comm, int member, int
 // (every member's inputs are complete and its table is published) and the end (every member's
 // outputs are complete before anyone returns them to the framework).
 bool SharedMemoryGroup::allreduce_in_arenas(const Communicator& comm,
-                                            const SegmentedBuffer& data, DataType dtype,
-                                            ReduceOp op, double scale) {
+                                            const std::vector<TensorSpan>& segments,
+                                            DataType dtype, ReduceOp op, double scale) {
   const int n = members_, me = comm.rank;
   const size_t esize = dtype_size(dtype);
-  const auto& segments = data.segments();
+  const SegmentedBuffer data(segments, esize);
+  if (data.bytes() == 0) return false;
   auto* ctl = static_cast<Control*>(base_);
   Counter* mine = ctl[me].seq;
   uint64_t* my_table = table(me);
@@ -730,7 +733,7 @@ bool SharedMemoryGroup::allreduce_in_arenas(const Communicator& comm,
 
   // 2. Every member's tensors, as this process sees them.
   constexpr uint64_t kOffsetBits = (uint64_t(1) << 48) - 1;
-  std::vector<std::vector<Segment>> views(size_t(n), segments);
+  std::vector<std::vector<TensorSpan>> views(size_t(n), segments);
   for (int m = 0; m < n; ++m) {
     if (m == me) continue;
     const uint64_t* t = table(m);

@@ -70,21 +70,31 @@ class SharedMemoryGroup {
                                                    const Settings& settings);
   ~SharedMemoryGroup();
 
-  // One tensor of a fused response: read from `in`, result written to `out` (may alias).
-  struct Segment {
-    const void* in;
-    void* out;
-    size_t count;
-  };
+  // The three allreduces of the concatenation of `tensors` (each read from its `in`, the result
+  // written to its `out`) without a fusion buffer: the reduced values are multiplied by `scale`
+  // (Average, postscale) before anyone copies them out. Which one runs is the dispatcher's
+  // choice (dispatch.cc), the same on every member; none of them does anything for zero
+  // elements.
+  //
+  // In place in the members' shared arenas; false (on every member alike, nothing done) when
+  // some member's tensors are not all in its arenas. Worth the agreement it costs from
+  // arena_min_bytes on, where every member allows arenas (arenas_worth_checking).
+  bool allreduce_in_arenas(const Communicator& comm, const std::vector<TensorSpan>& tensors,
+                           DataType dtype, ReduceOp op, double scale);
+  // Reading the peers' tensors with process_vm_readv, where every member allows it, for
+  // allreduces of at least single_copy_min_bytes (single_copy_suits).
+  void allreduce_single_copy(const Communicator& comm, const std::vector<TensorSpan>& tensors,
+                             DataType dtype, ReduceOp op, double scale);
+  // Through the segment's slots: always possible.
+  void allreduce_through_slots(const Communicator& comm, const std::vector<TensorSpan>& tensors,
+                               DataType dtype, ReduceOp op, double scale);
 
-  // Allreduce of the concatenation of `segments` without packing them into a fusion buffer:
-  // copy-in reads straight from each tensor and copy-out writes straight to it. The reduced
-  // values are multiplied by `scale` (Average, postscale) before anyone copies them out.
-  // Returns the path taken (the same on every member), for the timeline: SHM_ARENA_ALLREDUCE,
-  // SHM_SINGLE_COPY_ALLREDUCE or SHM_ALLREDUCE.
-  const char* allreduce(const Communicator& comm, const std::vector<Segment>& segments,
-                        DataType dtype, ReduceOp op, double scale);
-
+  // Whether `bytes` in all are large enough for the arena agreement, with arenas allowed on
+  // every member (settings agreed at set-up: the same answer on every member).
+  bool arenas_worth_checking(size_t bytes) const;
+  // Whether single copy suits an allreduce of `tensors` tensors of `bytes` in all (the same
+  // answer on every member: it depends only on the response and on settings agreed at set-up).
+  bool single_copy_suits(size_t bytes, size_t tensors) const;
 
   struct Control;  // per-member progress counters at the start of the segment
 
@@ -99,17 +109,10 @@ class SharedMemoryGroup {
   // Starts a collective of `count` elements: takes its sequence numbers, publishes my CPU.
   Plan start(const Communicator& comm, size_t count, size_t esize, size_t chunk_bytes);
   SharedMemoryGroup(void* base, size_t bytes, int members, const Settings& settings);
-  void allreduce_through_slots(const Communicator& comm, const SegmentedBuffer& data,
-                               const Plan& plan, DataType dtype, ReduceOp op, double scale);
-  void allreduce_single_copy(const Communicator& comm, const SegmentedBuffer& data,
+  void slots_allreduce(const Communicator& comm, const SegmentedBuffer& data, const Plan& plan,
+                       DataType dtype, ReduceOp op, double scale);
+  void single_copy_allreduce(const Communicator& comm, const SegmentedBuffer& data,
                              const Plan& plan, DataType dtype, ReduceOp op, double scale);
-  // Whether the copying paths read the peers' memory directly for these segments (the same
-  // answer on every member: it depends only on the response and on settings agreed at set-up).
-  bool single_copy(const std::vector<Segment>& segments, DataType dtype) const;
-  // Reduces in place in the members' arenas; false (on every member alike) when some member's
-  // tensors of this response are not all in its arenas.
-  bool allreduce_in_arenas(const Communicator& comm, const SegmentedBuffer& data,
-                           DataType dtype, ReduceOp op, double scale);
   uint8_t* peer_arena(const Communicator& comm, int member, int arena);
   void begin_collective(const Communicator& comm);
   void wait_all(const Communicator& comm, int which, uint64_t target);

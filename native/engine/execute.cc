@@ -1,8 +1,11 @@
-// Executing one negotiated response: moving tensors in and out of the fusion buffer, scaling,
-// and calling the algorithm. Every member of the process set runs the same code on the same
-// response, so buffer sizes and algorithm choices agree without further messages.
+// Executing one negotiated response: the dispatcher (algorithms/dispatch.h) chooses the
+// algorithm; here the engine packs the tensors for it (into the fusion buffer, or not, as the
+// chosen row's staging says), scales, calls it and unpacks. Every member of the process set
+// runs the same code on the same response, so buffer sizes and algorithm choices agree without
+// further messages.
 #include <cstring>
 
+#include "../algorithms/dispatch.h"
 #include "../algorithms/reduce_kernels.h"
 #include "engine.h"
 
@@ -44,6 +47,40 @@ double final_scale(const Response& r, int set_size) {
   return f;
 }
 
+// What the dispatcher's rules look at, for response `r` of `count` elements on `comm`.
+CollectiveCase collective_case(const Response& r, const Communicator& comm, size_t count) {
+  CollectiveCase c;
+  c.op = r.op;
+  c.comm = &comm;
+  c.dtype = r.dtype;
+  c.reduce_op = r.reduce_op;
+  c.tensors = r.names.size();
+  c.count = count;
+  c.complete = r.joined.empty();
+  c.prescaled = r.prescale != 1.0;
+  return c;
+}
+
+// Runs `first` (and the rows after it while they decline) and names the path that ran as an
+// empty phase at the end of the op's phase: a row may decline only while running, so the name
+// is known afterwards.
+void run_and_name(Timeline& tl, const std::vector<std::string>& names, const CollectiveCase& c,
+                  const Algorithm& first, const CollectiveCall& call) {
+  const Algorithm& ran = run_algorithm(c, first, call);
+  phase(tl, names, ran.name, [] {});
+}
+
+// The collectives other than allreduce have one tensor each: the engine lays out the buffers,
+// the chosen algorithm runs inside the op's phase.
+void run_collective(Timeline& tl, const Response& r, const CollectiveCase& c,
+                    CollectiveCall& call) {
+  call.dtype = r.dtype;
+  call.reduce_op = r.reduce_op;
+  call.root = r.root;
+  phase(tl, r.names, phase_name(r.op),
+        [&] { run_and_name(tl, r.names, c, choose_algorithm(c), call); });
+}
+
 }  // namespace
 
 void Engine::run_allreduce(const Response& r, std::vector<Entry*>& entries,
@@ -55,51 +92,40 @@ void Engine::run_allreduce(const Response& r, std::vector<Entry*>& entries,
     counts.push_back(size_t(num_elements(s)));
     total += counts.back();
   }
+  CollectiveCase c = collective_case(r, comm, total);
+  c.ring_threshold_bytes = options_.ring_threshold_bytes;
+  for (Entry* e : entries) c.complete = c.complete && e;
+  const Algorithm& algo = choose_algorithm(c);
+  CollectiveCall call(comm, scratch_);
+  call.dtype = r.dtype;
+  call.reduce_op = r.reduce_op;
   const double post = final_scale(r, comm.size);
-  // Reduces tensors [first, last) of the response, laid out back to back in `buf`, in place
-  // (Adasum combines each tensor on its own).
-  auto reduce = [&](void* buf, size_t first, size_t last) {
-    size_t count = 0;
-    for (size_t i = first; i < last; ++i) count += counts[i];
-    if (r.prescale != 1.0) scale_buffer(buf, count, r.dtype, r.prescale);
-    if (r.reduce_op == ReduceOp::kAdasum)
-      allreduce_adasum(comm, buf, {counts.begin() + first, counts.begin() + last}, r.dtype,
-                       scratch_);
-    else
-      allreduce(comm, buf, count, r.dtype, r.reduce_op, scratch_, options_.ring_threshold_bytes);
-    if (post != 1.0) scale_buffer(buf, count, r.dtype, post);
-  };
 
-  // Shared-memory fast path: the group reads each tensor and writes each result directly, so
-  // fused responses skip the fusion-buffer copies and averaging costs no extra pass.
-  // Every member must take the same path: the group applies `post` to the slices each member
-  // reduces, so one member on the direct path and another on the fallback (a joined rank has no
-  // entries) would leave some slices unscaled. The response, not local state, decides.
-  bool direct = comm.shm_group && r.prescale == 1.0 && r.joined.empty() &&
-                r.reduce_op != ReduceOp::kAdasum;
-  for (Entry* e : entries) direct = direct && e;
-  if (direct) {
-    std::vector<SharedMemoryGroup::Segment> segments;
+  if (algo.staging == Staging::kTensors) {
+    // Each tensor read and written where it lies; a joined rank's missing tensors are skipped
+    // (only a set of one takes this path with tensors missing).
     for (size_t i = 0; i < entries.size(); ++i)
-      segments.push_back({entries[i]->input, entries[i]->output, counts[i]});
-    // The members agree on the path inside the group: the timeline names it afterwards, as
-    // an empty phase at the end of ALLREDUCE.
-    phase(timeline_, r.names, "ALLREDUCE", [&] {
-      const char* how = comm.shm_group->allreduce(comm, segments, r.dtype, r.reduce_op, post);
-      phase(timeline_, r.names, how, [] {});
-    });
+      if (entries[i]) call.tensors.push_back({entries[i]->input, entries[i]->output, counts[i]});
+    call.prescale = r.prescale;
+    call.postscale = post;
+    phase(timeline_, r.names, "ALLREDUCE",
+          [&] { run_and_name(timeline_, r.names, c, algo, call); });
     return;
   }
-  // Tensors reduced in their own output buffers, without the fusion buffer's copies in and out:
-  // a lone tensor, or every tensor when the set has one member (nothing is exchanged then).
-  if (comm.size == 1 || (entries.size() == 1 && entries[0])) {
+  // One buffer reduced in place, scaled before and after.
+  call.blocks = counts;
+  auto reduce = [&](void* buf) {
+    if (r.prescale != 1.0) scale_buffer(buf, total, r.dtype, r.prescale);
+    call.tensors = {{buf, buf, total}};
+    run_and_name(timeline_, r.names, c, algo, call);
+    if (post != 1.0) scale_buffer(buf, total, r.dtype, post);
+  };
+  // A lone tensor is reduced in its own output, without the fusion buffer's copies.
+  if (entries.size() == 1 && entries[0]) {
+    Entry* e = entries[0];
     phase(timeline_, r.names, "ALLREDUCE", [&] {
-      for (size_t i = 0; i < entries.size(); ++i) {
-        Entry* e = entries[i];
-        if (!e) continue;
-        if (e->output != e->input) std::memcpy(e->output, e->input, counts[i] * esize);
-        reduce(e->output, i, i + 1);
-      }
+      if (e->output != e->input) std::memcpy(e->output, e->input, total * esize);
+      reduce(e->output);
     });
     return;
   }
@@ -114,7 +140,7 @@ void Engine::run_allreduce(const Response& r, std::vector<Entry*>& entries,
       off += bytes;
     }
   });
-  phase(timeline_, r.names, "ALLREDUCE", [&] { reduce(fused, 0, counts.size()); });
+  phase(timeline_, r.names, "ALLREDUCE", [&] { reduce(fused); });
   phase(timeline_, r.names, "MEMCPY_OUT_FUSION_BUFFER", [&] {
     size_t off = 0;
     for (size_t i = 0; i < entries.size(); ++i) {
@@ -128,10 +154,10 @@ void Engine::run_allreduce(const Response& r, std::vector<Entry*>& entries,
 void Engine::run_allgather(const Response& r, Entry& e, const Communicator& comm) {
   const auto& shape = e.request.shape;
   const size_t row_bytes = size_t(num_elements(shape, 1)) * dtype_size(r.dtype);
-  std::vector<size_t> bytes;
+  CollectiveCall call(comm, scratch_);
   int64_t rows = 0;
   for (int64_t d : r.first_dims) {
-    bytes.push_back(size_t(d) * row_bytes);
+    call.blocks.push_back(size_t(d) * row_bytes);
     rows += d;
   }
   HandleState& out = *e.state;
@@ -139,38 +165,45 @@ void Engine::run_allgather(const Response& r, Entry& e, const Communicator& comm
   out.output_shape = shape.empty() ? std::vector<int64_t>{rows} : shape;
   out.output_shape[0] = rows;
   size_t my_offset = 0;
-  for (int i = 0; i < comm.rank; ++i) my_offset += bytes[i];
-  if (bytes[comm.rank]) std::memcpy(out.output.data() + my_offset, e.input, bytes[comm.rank]);
-  phase(timeline_, r.names, phase_name(r.op), [&] { allgather_ring(comm, out.output.data(), bytes); });
+  for (int i = 0; i < comm.rank; ++i) my_offset += call.blocks[i];
+  const size_t mine = call.blocks[comm.rank];
+  if (mine) std::memcpy(out.output.data() + my_offset, e.input, mine);
+  call.tensors = {{nullptr, out.output.data(), out.output.size() / dtype_size(r.dtype)}};
+  run_collective(timeline_, r, collective_case(r, comm, call.tensors[0].count), call);
 }
 
 void Engine::run_broadcast(const Response& r, Entry& e, const Communicator& comm) {
-  const size_t bytes = size_t(num_elements(e.request.shape)) * dtype_size(r.dtype);
-  if (comm.rank == r.root && e.output != e.input) std::memcpy(e.output, e.input, bytes);
-  phase(timeline_, r.names, phase_name(r.op), [&] { broadcast_tree(comm, e.output, bytes, r.root); });
+  const size_t count = size_t(num_elements(e.request.shape));
+  if (comm.rank == r.root && e.output != e.input)
+    std::memcpy(e.output, e.input, count * dtype_size(r.dtype));
+  CollectiveCall call(comm, scratch_);
+  call.tensors = {{e.output, e.output, count}};
+  run_collective(timeline_, r, collective_case(r, comm, count), call);
 }
 
 void Engine::run_alltoall(const Response& r, Entry& e, const Communicator& comm) {
   const auto& shape = e.request.shape;
   const size_t row_bytes = size_t(num_elements(shape, 1)) * dtype_size(r.dtype);
   const int n = comm.size, me = comm.rank;
-  std::vector<size_t> send_bytes(n), recv_bytes(n);
+  CollectiveCall call(comm, scratch_);
+  call.blocks.resize(n);
+  call.recv_blocks.resize(n);
   HandleState& out = *e.state;
   out.ints.assign(n, 0);
   int64_t rows = 0;
   for (int i = 0; i < n; ++i) {
-    send_bytes[i] = size_t(r.splits_matrix[size_t(me) * n + i]) * row_bytes;
+    call.blocks[i] = size_t(r.splits_matrix[size_t(me) * n + i]) * row_bytes;
     const int64_t got = r.splits_matrix[size_t(i) * n + me];
-    recv_bytes[i] = size_t(got) * row_bytes;
+    call.recv_blocks[i] = size_t(got) * row_bytes;
     out.ints[i] = got;
     rows += got;
   }
   out.output.resize(size_t(rows) * row_bytes);
   out.output_shape = shape.empty() ? std::vector<int64_t>{rows} : shape;
   out.output_shape[0] = rows;
-  phase(timeline_, r.names, phase_name(r.op), [&] {
-    alltoall_pairwise(comm, e.input, send_bytes, out.output.data(), recv_bytes);
-  });
+  const size_t count = size_t(num_elements(shape));
+  call.tensors = {{e.input, out.output.data(), count}};
+  run_collective(timeline_, r, collective_case(r, comm, count), call);
 }
 
 void Engine::run_reducescatter(const Response& r, Entry& e, const Communicator& comm) {
@@ -190,9 +223,10 @@ void Engine::run_reducescatter(const Response& r, Entry& e, const Communicator& 
   auto* buf = static_cast<uint8_t*>(fusion_.reserve(total * esize));
   std::memcpy(buf, e.input, total * esize);
   if (r.prescale != 1.0) scale_buffer(buf, total, r.dtype, r.prescale);
-  phase(timeline_, r.names, phase_name(r.op), [&] {
-    reducescatter_ring(comm, buf, counts, r.dtype, r.reduce_op, scratch_);
-  });
+  CollectiveCall call(comm, scratch_);
+  call.tensors = {{buf, buf, total}};
+  call.blocks = counts;
+  run_collective(timeline_, r, collective_case(r, comm, total), call);
   size_t offset = 0;
   for (int i = 0; i < comm.rank; ++i) offset += counts[i];
   HandleState& out = *e.state;

@@ -1,0 +1,180 @@
+// The table of rules that chooses each collective's algorithm (see dispatch.h), and the thin
+// adapters between CollectiveCall and each algorithm's own signature.
+#include "dispatch.h"
+
+#include <cstring>
+#include <stdexcept>
+#include <string>
+
+#include "reduce_kernels.h"
+#include "shared_memory_group.h"
+
+namespace shvd {
+
+namespace {
+
+// ---------------------------------------------------------------------------------------------
+// Predicates.
+
+bool always(const CollectiveCase&) { return true; }
+
+// A set of one exchanges nothing.
+bool alone(const CollectiveCase& c) { return c.comm->size == 1; }
+
+bool adasum(const CollectiveCase& c) { return c.reduce_op == ReduceOp::kAdasum; }
+
+// Every member shares this host: the set has a shared-memory group.
+bool on_one_host(const CollectiveCase& c) { return c.comm->shm_group != nullptr; }
+
+// The group reads each tensor and writes each result itself. Every member must decide alike:
+// the group applies postscale to the slices each member reduces, so one member on this path and
+// another packing a fusion buffer (a joined rank has no entries) would leave some slices
+// unscaled. The response, not local state, decides (`complete` covers joined ranks).
+bool on_one_host_tensors(const CollectiveCase& c) {
+  return on_one_host(c) && c.complete && !c.prescaled && c.reduce_op != ReduceOp::kAdasum;
+}
+
+bool in_arenas_tensors(const CollectiveCase& c) {
+  return on_one_host_tensors(c) && c.comm->shm_group->arenas_worth_checking(c.bytes());
+}
+bool single_copy_tensors(const CollectiveCase& c) {
+  return on_one_host_tensors(c) && c.comm->shm_group->single_copy_suits(c.bytes(), c.tensors);
+}
+// The same paths on a packed buffer: one span, so one tensor for single copy's limit.
+bool in_arenas_buffer(const CollectiveCase& c) {
+  return on_one_host(c) && c.comm->shm_group->arenas_worth_checking(c.bytes());
+}
+bool single_copy_buffer(const CollectiveCase& c) {
+  return on_one_host(c) && c.comm->shm_group->single_copy_suits(c.bytes(), 1);
+}
+
+// Latency-bound: small messages, or fewer elements than members (the ring's blocks would be
+// empty).
+bool latency_bound(const CollectiveCase& c) {
+  return c.bytes() <= c.ring_threshold_bytes || c.count < size_t(c.comm->size);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Adapters. A kBuffer allreduce of zero elements exchanges nothing.
+
+const TensorSpan& buffer(const CollectiveCall& k) { return k.tensors.front(); }
+
+bool run_local_allreduce(const CollectiveCall& k) {
+  const size_t esize = dtype_size(k.dtype);
+  for (const TensorSpan& t : k.tensors) {
+    if (t.out != t.in) std::memcpy(t.out, t.in, t.count * esize);
+    if (k.prescale != 1.0) scale_buffer(t.out, t.count, k.dtype, k.prescale);
+    if (k.postscale != 1.0) scale_buffer(t.out, t.count, k.dtype, k.postscale);
+  }
+  return true;
+}
+
+bool run_shm_arena(const CollectiveCall& k) {
+  return k.comm.shm_group->allreduce_in_arenas(k.comm, k.tensors, k.dtype, k.reduce_op,
+                                               k.postscale);
+}
+bool run_shm_single_copy(const CollectiveCall& k) {
+  k.comm.shm_group->allreduce_single_copy(k.comm, k.tensors, k.dtype, k.reduce_op, k.postscale);
+  return true;
+}
+bool run_shm_slots(const CollectiveCall& k) {
+  k.comm.shm_group->allreduce_through_slots(k.comm, k.tensors, k.dtype, k.reduce_op,
+                                            k.postscale);
+  return true;
+}
+
+bool run_adasum(const CollectiveCall& k) {
+  allreduce_adasum(k.comm, buffer(k).out, k.blocks, k.dtype, k.scratch);
+  return true;
+}
+bool run_recursive_doubling(const CollectiveCall& k) {
+  if (buffer(k).count > 0)
+    allreduce_recursive_doubling(k.comm, buffer(k).out, buffer(k).count, k.dtype, k.reduce_op,
+                                 k.scratch);
+  return true;
+}
+bool run_ring(const CollectiveCall& k) {
+  if (buffer(k).count > 0)
+    allreduce_ring(k.comm, buffer(k).out, buffer(k).count, k.dtype, k.reduce_op, k.scratch);
+  return true;
+}
+
+bool run_allgather_ring(const CollectiveCall& k) {
+  allgather_ring(k.comm, k.tensors[0].out, k.blocks);
+  return true;
+}
+bool run_broadcast_tree(const CollectiveCall& k) {
+  broadcast_tree(k.comm, k.tensors[0].out, k.tensors[0].count * dtype_size(k.dtype), k.root);
+  return true;
+}
+bool run_alltoall_pairwise(const CollectiveCall& k) {
+  alltoall_pairwise(k.comm, k.tensors[0].in, k.blocks, k.tensors[0].out, k.recv_blocks);
+  return true;
+}
+bool run_reducescatter_ring(const CollectiveCall& k) {
+  reducescatter_ring(k.comm, k.tensors[0].out, k.blocks, k.dtype, k.reduce_op, k.scratch);
+  return true;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The rules, in order: the first row of the response's op whose predicate holds runs it.
+//
+// Adding an algorithm is adding a row (and its file). NCCL allreduce would be
+//   {OpType::kAllreduce, "NCCL_ALLREDUCE", on_gpu, Staging::kBuffer, run_nccl_allreduce},
+// placed first, with CollectiveCase telling where the tensors live for `on_gpu`; hierarchical
+// allreduce (within each host through its shared-memory group, across hosts over the links)
+//   {OpType::kAllreduce, "HIERARCHICAL_ALLREDUCE", spans_hosts_in_groups, Staging::kBuffer,
+//    run_hierarchical_allreduce},
+// placed above recursive doubling, with the communicator telling how its members sit on hosts.
+constexpr Algorithm kAlgorithms[] = {
+    {OpType::kAllreduce, "LOCAL_ALLREDUCE", alone, Staging::kTensors, run_local_allreduce},
+    // One host, each tensor read and written where it lies. The arena path (every member's
+    // tensors in shared arenas, reduced in place) declines when some member's are not.
+    {OpType::kAllreduce, "SHM_ARENA_ALLREDUCE", in_arenas_tensors, Staging::kTensors,
+     run_shm_arena},
+    {OpType::kAllreduce, "SHM_SINGLE_COPY_ALLREDUCE", single_copy_tensors, Staging::kTensors,
+     run_shm_single_copy},
+    {OpType::kAllreduce, "SHM_ALLREDUCE", on_one_host_tensors, Staging::kTensors, run_shm_slots},
+    {OpType::kAllreduce, "ADASUM_ALLREDUCE", adasum, Staging::kBuffer, run_adasum},
+    // One host, but prescaled or with a joined rank: the same paths on a packed buffer.
+    {OpType::kAllreduce, "SHM_ARENA_ALLREDUCE", in_arenas_buffer, Staging::kBuffer,
+     run_shm_arena},
+    {OpType::kAllreduce, "SHM_SINGLE_COPY_ALLREDUCE", single_copy_buffer, Staging::kBuffer,
+     run_shm_single_copy},
+    {OpType::kAllreduce, "SHM_ALLREDUCE", on_one_host, Staging::kBuffer, run_shm_slots},
+    {OpType::kAllreduce, "RECURSIVE_DOUBLING_ALLREDUCE", latency_bound, Staging::kBuffer,
+     run_recursive_doubling},
+    {OpType::kAllreduce, "RING_ALLREDUCE", always, Staging::kBuffer, run_ring},
+    {OpType::kAllgather, "RING_ALLGATHER", always, Staging::kBuffer, run_allgather_ring},
+    {OpType::kBroadcast, "TREE_BROADCAST", always, Staging::kBuffer, run_broadcast_tree},
+    {OpType::kAlltoall, "PAIRWISE_ALLTOALL", always, Staging::kBuffer, run_alltoall_pairwise},
+    {OpType::kReducescatter, "RING_REDUCESCATTER", always, Staging::kBuffer,
+     run_reducescatter_ring},
+};
+
+}  // namespace
+
+const Algorithm& choose_algorithm(const CollectiveCase& c, const Algorithm* after) {
+  const Algorithm* row = after ? after + 1 : std::begin(kAlgorithms);
+  for (; row != std::end(kAlgorithms); ++row)
+    if (row->op == c.op && row->applies(c)) return *row;
+  throw std::logic_error(std::string("no algorithm for ") + op_type_name(c.op) +
+                         (after ? std::string(" after ") + after->name : std::string()));
+}
+
+const Algorithm& run_algorithm(const CollectiveCase& c, const Algorithm& first,
+                               const CollectiveCall& call) {
+  const Algorithm* row = &first;
+  while (!row->run(call)) {
+    const Algorithm& next = choose_algorithm(c, row);
+    // The caller staged the tensors for the first row; a row that declines must be followed
+    // by rows that take them the same way.
+    if (next.staging != row->staging)
+      throw std::logic_error(std::string("algorithm table: ") + next.name + " follows " +
+                             row->name + ", which may decline, with another staging");
+    row = &next;
+  }
+  return *row;
+}
+
+}  // namespace shvd
