@@ -186,6 +186,13 @@ def raise_last_error():
     raise RuntimeError(message)
 
 
+def require_init():
+    """Raises Horovod's ``ValueError`` unless the core is initialized (between ``init()`` and
+    ``shutdown()``)."""
+    if not lib.shvd_is_initialized():
+        raise ValueError("spark_hvd has not been initialized; call hvd.init() first.")
+
+
 def check(result):
     """Returns ``result`` unless it signals failure (-1), in which case raises."""
     if result == -1:

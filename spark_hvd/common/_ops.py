@@ -1,6 +1,11 @@
 """Framework-neutral plumbing for collectives: naming, reduce-op resolution, enqueueing raw
 buffers into the native core and collecting results. The NumPy, torch and TensorFlow adapters
-only convert their tensors to (pointer, dtype code, shape) and back."""
+only convert their tensors to (pointer, dtype code, shape) and back.
+
+Layering of ``spark_hvd.common``, each module importing only those above it:
+``_native`` (the C ABI) <- ``_ops`` (this module: enqueue and wait) <- ``process_sets`` <-
+``basics`` (init and shutdown, which start and stop the layers below).
+"""
 
 import ctypes
 import itertools
@@ -9,9 +14,8 @@ import struct
 import warnings
 from collections import defaultdict
 
-from . import basics
 from ._errors import CollectiveError
-from ._native import OP_ALLREDUCE, REDUCE_OPS, check, lib, raise_last_error
+from ._native import OP_ALLREDUCE, REDUCE_OPS, check, lib, raise_last_error, require_init
 
 # Reduce ops: the core's codes (SHVD_REDUCE_* in spark_hvd.h), read from it at load.
 Average, Sum, Adasum, Min, Max, Product = (
@@ -127,7 +131,7 @@ def _enqueue_record(record):
 
 
 def _enqueue_failed():
-    basics._require_init()  # "not initialized" is a ValueError, as in Horovod
+    require_init()  # "not initialized" is a ValueError, as in Horovod
     raise_last_error()
 
 

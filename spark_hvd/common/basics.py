@@ -1,12 +1,18 @@
 """Job lifecycle and topology queries shared by every framework adapter
-(``spark_hvd.torch``, ``spark_hvd.tensorflow``, ``spark_hvd.keras``, ``spark_hvd.numpy``)."""
+(``spark_hvd.torch``, ``spark_hvd.tensorflow``, ``spark_hvd.keras``, ``spark_hvd.numpy``).
+
+The top of ``spark_hvd.common``'s layering (``_native`` <- ``_ops`` <- ``process_sets`` <-
+``basics``): :func:`init` and :func:`shutdown` start and stop the layers below, which never
+import this module.
+"""
 
 import atexit
 import shutil
 import threading
 
-from . import _bootstrap, _config
-from ._native import check, lib
+from . import _bootstrap, _config, _ops
+from . import process_sets as _process_sets
+from ._native import check, lib, require_init
 
 _lock = threading.Lock()
 _state = {"generation": 0, "config": None, "placement": None}
@@ -27,7 +33,6 @@ def init(comm=None, process_sets=None):
 
     Calling ``init`` again after :func:`shutdown` starts a fresh job connection.
     """
-    from .process_sets import _register_static, _static_ranks
     with _lock:
         if lib.shvd_is_initialized():
             return
@@ -41,11 +46,11 @@ def init(comm=None, process_sets=None):
                                  "list of process sets")
             config.dynamic_process_sets = True
             process_sets = None
-        static = _static_ranks(process_sets)
+        static = _process_sets._static_ranks(process_sets)
         placement = _bootstrap.start(config, comm=comm, process_sets=static,
                                      generation=_state["generation"])
         _state.update(generation=_state["generation"] + 1, config=config, placement=placement)
-        _register_static(process_sets)
+        _process_sets._started(process_sets, placement.size, config)
         _config.logger.debug("initialized rank %d of %d (local rank %s of %s, cross rank %s of "
                              "%s)", placement.rank, placement.size, placement.local_rank,
                              placement.local_size, placement.cross_rank, placement.cross_size)
@@ -53,14 +58,12 @@ def init(comm=None, process_sets=None):
 
 def shutdown():
     """Stops the engine after every rank called shutdown (pending ops on other ranks fail)."""
-    from . import _ops
-    from .process_sets import _reset
     with _lock:
         lib.shvd_shutdown()
         # Only now, with the engine stopped, may the buffers of ops whose handles were dropped
         # go (ops still in flight failed with "shut down before this collective completed").
         _ops.drop_orphans()
-        _reset()
+        _process_sets._stopped()
 
 
 atexit.register(shutdown)
@@ -71,9 +74,7 @@ def is_initialized():
     return bool(lib.shvd_is_initialized())
 
 
-def _require_init():
-    if not lib.shvd_is_initialized():
-        raise ValueError("spark_hvd has not been initialized; call hvd.init() first.")
+_require_init = require_init  # the name used here and by _horovod_basics
 
 
 def _query(fn):

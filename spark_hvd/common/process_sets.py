@@ -4,13 +4,17 @@ Horovod's semantics: static sets are given to ``init(process_sets=...)``; with
 ``init(process_sets="dynamic")`` or ``SPARK_HVD_DYNAMIC_PROCESS_SETS=1`` every rank may call
 :func:`add_process_set` / :func:`remove_process_set` collectively at run time. Every op takes
 ``process_set=``.
+
+Layering: this module uses ``_native`` and ``_ops`` and never ``basics``; ``basics.init()``
+hands it the static sets, the job's size and the configuration (:func:`_started`) and
+``basics.shutdown()`` forgets them (:func:`_stopped`).
 """
 
 import ctypes
 import itertools
 
-from . import basics
-from ._native import OP_ADD_PROCESS_SET, OP_REMOVE_PROCESS_SET, check, lib
+from . import _ops
+from ._native import OP_ADD_PROCESS_SET, OP_REMOVE_PROCESS_SET, check, lib, require_init
 
 
 class ProcessSet:
@@ -32,7 +36,7 @@ class ProcessSet:
         self.process_set_id = None
 
     def _require_registered(self):
-        basics._require_init()
+        require_init()
         if self.process_set_id is None:
             raise ValueError(f"{self!r} is not registered: pass it to init(process_sets=...) or "
                              "add_process_set()")
@@ -45,13 +49,13 @@ class ProcessSet:
     def rank(self):
         """This process's rank within the set, or -1 if it is not a member."""
         self._require_registered()
-        mine = basics.rank()
+        mine = _my_rank()
         return self.ranks.index(mine) if mine in self.ranks else -1
 
     def included(self):
         """True if this process is a member."""
         self._require_registered()
-        return basics.rank() in self.ranks
+        return _my_rank() in self.ranks
 
     def __eq__(self, other):
         return isinstance(other, ProcessSet) and self.ranks == other.ranks and \
@@ -65,18 +69,21 @@ class ProcessSet:
                 f"mpi_comm={self.mpi_comm})")  # Horovod's form
 
 
+def _my_rank():
+    return check(lib.shvd_rank())
+
+
 class _GlobalProcessSet(ProcessSet):
     def __init__(self):
-        self.ranks = []
+        self.ranks = []  # every rank of the job while initialized
         self.process_set_id = 0
         self.mpi_comm = None
-
-    def _refresh(self):
-        self.ranks = list(range(basics.size())) if basics.is_initialized() else []
 
 
 global_process_set = _GlobalProcessSet()
 _registered = {}
+# The engine configuration of the running job (basics.init's Config); None when not running.
+_job = {"config": None}
 
 
 def _static_ranks(process_sets):
@@ -90,9 +97,12 @@ def _static_ranks(process_sets):
     return out
 
 
-def _register_static(process_sets):
-    global_process_set._refresh()
-    size = basics.size()
+def _started(process_sets, size, config):
+    """Called by ``basics.init()`` once the core runs a job of ``size`` ranks: the global set
+    covers them, and the :class:`ProcessSet` objects among the static ``process_sets`` get
+    their ids (the core numbered the static sets 1, 2, ... in order)."""
+    global_process_set.ranks = list(range(size))
+    _job["config"] = config
     for i, ps in enumerate(process_sets or [], start=1):
         if not isinstance(ps, ProcessSet):
             continue
@@ -103,11 +113,13 @@ def _register_static(process_sets):
         _registered[i] = ps
 
 
-def _reset():
+def _stopped():
+    """Called by ``basics.shutdown()``: every registered set is unregistered."""
     for ps in _registered.values():
         ps.process_set_id = None
     _registered.clear()
-    global_process_set._refresh()
+    global_process_set.ranks = []
+    _job["config"] = None
 
 
 def process_set_id(process_set):
@@ -124,9 +136,8 @@ _dynamic_counter = itertools.count()
 
 
 def _negotiate(op, ranks=(), set_id=0):
-    from . import _ops
-    basics._require_init()
-    if not basics.config().dynamic_process_sets:
+    require_init()
+    if not _job["config"].dynamic_process_sets:
         raise ValueError("dynamic process sets are disabled: call init(process_sets='dynamic') "
                          "or set SPARK_HVD_DYNAMIC_PROCESS_SETS=1 (or "
                          "HOROVOD_DYNAMIC_PROCESS_SETS=1) before init() to add or remove "
@@ -143,7 +154,8 @@ def add_process_set(process_set):
     ps = process_set if isinstance(process_set, ProcessSet) else ProcessSet(process_set)
     if ps.process_set_id is not None:
         raise ValueError(f"{ps!r} is already registered")
-    size = basics.size()
+    require_init()
+    size = check(lib.shvd_size())
     bad = [r for r in ps.ranks if not 0 <= r < size]
     if bad:
         raise ValueError(f"process set {ps.ranks} names ranks {bad} outside [0, {size})")
