@@ -118,6 +118,35 @@ def _enqueue_one(*args, **kwargs):
         raise as_collective_error(e) from None
 
 
+def _staged_batch(tensors, inplace, record, single=False):
+    """Hands a batch of tensors to the core in one enqueue and returns the handle of their ops.
+
+    Each tensor is staged (:func:`_host`) and gets an output (its own buffer in place, a new
+    tensor otherwise); ``record(i, host, out)`` builds tensor ``i``'s op record. The handle's
+    result is the list of results: in place, the tensors themselves (staged ones copied back);
+    otherwise the new tensors, on the inputs' devices. ``single``: the one result, not a list.
+    """
+    tensors = list(tensors)
+    hosts, outs, staged, records = [], [], [], []
+    for i, t in enumerate(tensors):
+        host, copy = _host(t)
+        out = host if inplace else torch.empty_like(host)
+        records.append(record(i, host, out))
+        hosts.append(host)
+        outs.append(out)
+        staged.append(copy)
+    ids = _enqueue(records) if records else []
+
+    def finish(ids):
+        _ops.wait_all(ids)
+        if inplace:
+            results = [_copy_back(h, t) if s else t for h, t, s in zip(hosts, tensors, staged)]
+        else:
+            results = [_on(o, t.device) for o, t in zip(outs, tensors)]
+        return results[0] if single else results
+    return _ops.Handle(ids, finish, keepalive=(hosts, outs))
+
+
 class _Composite:
     """A handle made of other handles; ``combine`` builds the result from theirs."""
 
@@ -163,43 +192,19 @@ def synchronize(handle):
 
 # -- allreduce ------------------------------------------------------------------------------
 
-def _allreduce_records(kind, name, tensors, inplace, op, prescale, postscale, process_set,
-                       grouped):
-    """Builds the records of one (possibly grouped) allreduce; returns (records, hosts, outs,
-    staged flags)."""
-    ps = process_set_id(process_set)
-    group = _auto_name(kind, name, ps) if grouped else None
-    records, hosts, outs, staged = [], [], [], []
-    n = len(tensors)
-    for i, t in enumerate(tensors):
-        host, copy = _host(t)
-        out = host if inplace else torch.empty_like(host)
-        op_name = f"{group}.{i}" if grouped else _auto_name(kind, name, ps)
-        records.append(_ops.make_op(OP_ALLREDUCE, op_name, _dtype_code(host), host.shape,
-                                    _ptr(host), _ptr(out), reduce_op=op, prescale=prescale,
-                                    postscale=postscale, process_set=ps, group=group,
-                                    group_size=n if grouped else 0))
-        hosts.append(host)
-        outs.append(out)
-        staged.append(copy)
-    return records, hosts, outs, staged
-
-
 def _allreduce_handle(tensors, inplace, name, op, prescale, postscale, process_set, grouped):
     kind = "grouped_allreduce" if grouped else "allreduce"
-    records, hosts, outs, staged = _allreduce_records(kind, name, tensors, inplace, op,
-                                                      float(prescale), float(postscale),
-                                                      process_set, grouped)
-    ids = _enqueue(records) if records else []
+    ps = process_set_id(process_set)
+    group = _auto_name(kind, name, ps) if grouped else None
+    n = len(tensors)
+    prescale, postscale = float(prescale), float(postscale)
 
-    def finish(ids):
-        _ops.wait_all(ids)
-        if inplace:
-            results = [_copy_back(h, t) if s else t for h, t, s in zip(hosts, tensors, staged)]
-        else:
-            results = [_on(o, t.device) for o, t in zip(outs, tensors)]
-        return results if grouped else results[0]
-    return _ops.Handle(ids, finish, keepalive=(hosts, outs))
+    def record(i, host, out):
+        op_name = f"{group}.{i}" if grouped else _auto_name(kind, name, ps)
+        return _ops.make_op(OP_ALLREDUCE, op_name, _dtype_code(host), host.shape, _ptr(host),
+                            _ptr(out), reduce_op=op, prescale=prescale, postscale=postscale,
+                            process_set=ps, group=group, group_size=n if grouped else 0)
+    return _staged_batch(tensors, inplace, record, single=not grouped)
 
 
 def _allreduce_one(tensor, inplace, name, op, prescale, postscale, process_set):
@@ -223,21 +228,13 @@ def _allreduce_batch_async_(tensors, names, op, prescale, postscale, process_set
     wake-up) but negotiated individually, so the core may fuse them with anything else; the
     handle's result is the list of tensors. Used by DistributedOptimizer's gradient buckets."""
     ps = process_set_id(process_set)
-    records, hosts, staged = [], [], []
-    for t, name in zip(tensors, names):
-        host, copy = _host(t)
-        records.append(_ops.make_op(OP_ALLREDUCE, name, _dtype_code(host), host.shape,
-                                    _ptr(host), _ptr(host), reduce_op=op,
-                                    prescale=float(prescale), postscale=float(postscale),
-                                    process_set=ps))
-        hosts.append(host)
-        staged.append(copy)
-    ids = _enqueue(records) if records else []
+    names = list(names)
 
-    def finish(ids):
-        _ops.wait_all(ids)
-        return [_copy_back(h, t) if s else t for h, t, s in zip(hosts, tensors, staged)]
-    return _ops.Handle(ids, finish, keepalive=hosts)
+    def record(i, host, out):
+        return _ops.make_op(OP_ALLREDUCE, names[i], _dtype_code(host), host.shape, _ptr(host),
+                            _ptr(out), reduce_op=op, prescale=float(prescale),
+                            postscale=float(postscale), process_set=ps)
+    return _staged_batch(tensors, True, record)
 
 
 def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0,
@@ -390,20 +387,13 @@ def _broadcast_many_(tensors, root_rank, names, process_set):
     """In-place broadcast of many tensors submitted in one batch (one enqueue, one wait);
     ``names[i]`` may be None (auto-named). Used for parameters and optimizer state."""
     ps = process_set_id(process_set)
-    records, hosts, staged = [], [], []
-    for t, name in zip(tensors, names):
-        host, copy = _host(t)
-        records.append(_ops.make_op(OP_BROADCAST, _auto_name("broadcast", name, ps),
-                                    _dtype_code(host), host.shape, _ptr(host), _ptr(host),
-                                    root_rank=int(root_rank), process_set=ps))
-        hosts.append(host)
-        staged.append(copy)
-    ids = _enqueue(records) if records else []
+    names = list(names)
 
-    def finish(ids):
-        _ops.wait_all(ids)
-        return [_copy_back(h, t) if s else t for h, t, s in zip(hosts, tensors, staged)]
-    return _ops.Handle(ids, finish, keepalive=hosts)
+    def record(i, host, out):
+        return _ops.make_op(OP_BROADCAST, _auto_name("broadcast", names[i], ps),
+                            _dtype_code(host), host.shape, _ptr(host), _ptr(out),
+                            root_rank=int(root_rank), process_set=ps)
+    return _staged_batch(tensors, True, record)
 
 
 def broadcast_async(tensor, root_rank, name=None, process_set=global_process_set):
