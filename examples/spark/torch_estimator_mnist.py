@@ -9,7 +9,10 @@ The synthetic data are MNIST-like 8x8 "digits" (a noisy template per class) plus
 "scanner" column. The Pipeline assembles the pixels and the one-hot scanner into one feature
 vector, the TorchEstimator trains an MLP on 2 Spark tasks, the fitted PipelineModel is
 evaluated with Spark's MulticlassClassificationEvaluator, saved, loaded back and checked to
-predict the same.
+predict the same. The training history is drawn to a PNG (``--plot``; needs matplotlib), and the
+TensorBoard event files every fit writes are under the Store's ``runs/``. With an MLflow run
+active or ``MLFLOW_TRACKING_URI`` set, the fit is also logged to MLflow (Params, per-epoch
+metrics, the model).
 """
 
 import argparse
@@ -70,6 +73,8 @@ def main():
     parser.add_argument("--epochs", type=int, default=4)
     parser.add_argument("--num-proc", type=int, default=2)
     parser.add_argument("--store", help="Store URL (default: a temporary directory)")
+    parser.add_argument("--plot", help="where to draw the training history (default: "
+                        "history.png in the temporary directory)")
     args = parser.parse_args()
 
     builder = SparkSession.builder.appName("spark_hvd TorchEstimator example")
@@ -101,8 +106,18 @@ def main():
         estimator,
     ])
     fitted = pipeline.fit(train_df)
-    history = fitted.stages[-1].getHistory()
+    torch_model = fitted.stages[-1]
+    history = torch_model.getHistory()
     print("history:", {k: [round(v, 4) for v in vs] for k, vs in history.items()})
+    try:
+        plot = torch_model.plot_history(args.plot or f"{workdir}/history.png")
+        print(f"history plot: {plot}")
+    except ImportError as error:         # matplotlib is optional
+        print(f"history plot: skipped ({error})")
+    runs = estimator.getStore().get_runs_path()
+    print(f"TensorBoard: tensorboard --logdir {runs}   (run {torch_model.getRunId()})")
+    if torch_model.getMlflowRunId():
+        print(f"MLflow run: {torch_model.getMlflowRunId()}")
 
     def predictions(pipeline_model):
         scored = pipeline_model.transform(test_df)
