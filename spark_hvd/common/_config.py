@@ -10,16 +10,15 @@ import logging
 import os
 import sys
 
+from . import _bootstrap_contract as contract
+
 DEFAULT_FUSION_THRESHOLD = 128 * 1024 * 1024
 
 
 def env(name, default=None):
     """Value of ``SPARK_HVD_<name>``, else ``HOROVOD_<name>``, else ``default``."""
-    for prefix in ("SPARK_HVD_", "HOROVOD_"):
-        value = os.environ.get(prefix + name)
-        if value is not None and value != "":
-            return value
-    return default
+    value = contract.setting(name)
+    return default if value is None else value
 
 
 def env_float(name, default):
@@ -93,7 +92,7 @@ class Config:
         # Gradients in memory every local member maps, reduced in place (torch).
         self.shared_gradients = env_flag("SHARED_GRADIENTS", True)
         # Horovod's gloo timeout bounds its connection set-up, as our start timeout does.
-        self.start_timeout = env_float("START_TIMEOUT", env_float("GLOO_TIMEOUT_SECONDS", 30.0))
+        self.start_timeout = contract.start_timeout()
         overlap = str(env("OVERLAP", "auto")).strip().lower()
         if overlap not in _OVERLAP:
             raise ValueError(f"SPARK_HVD_OVERLAP must be auto, 1 or 0, got {overlap!r}")
