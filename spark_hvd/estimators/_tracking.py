@@ -175,11 +175,16 @@ class MlflowTracking:
             if epoch not in self.epochs_logged:
                 self._log_epoch(epoch, {k: v[epoch] for k, v in history.items()
                                         if epoch < len(v)})
-        # MLflow 3 links the run's metrics at the model's step to the logged model: those of
-        # the last epoch, whose weights these are.
-        log_flavour(self.mlflow, model, step=max(epochs - 1, 0))
-        if history:
-            self._log_history_plot(history)
+        try:
+            # MLflow 3 links the run's metrics at the model's step to the logged model: those
+            # of the last epoch, whose weights these are.
+            log_flavour(self.mlflow, model, step=max(epochs - 1, 0))
+            if history:
+                self._log_history_plot(history)
+        except Exception as error:  # noqa: BLE001 - the trained model is returned anyway
+            warnings.warn(f"spark_hvd: the trained model was not logged to MLflow run "
+                          f"{self.mlflow_run_id}: {type(error).__name__}: {error}",
+                          stacklevel=3)
         if model.hasParam("mlflow_run_id"):
             model._set(mlflow_run_id=self.mlflow_run_id)
 
