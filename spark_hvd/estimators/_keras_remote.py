@@ -187,7 +187,8 @@ def as_list(outputs, model) -> list:
 
 
 class KerasPredictor:
-    """Loads the model once per Spark task; called with a list of input arrays."""
+    """Loads the model (once per Spark Python worker: ``cache_key``); called with a list of
+    input arrays."""
 
     def __init__(self, model_data: bytes, custom_objects=None):
         # custom_objects pickled here, by the cloudpickle a user registers modules with
@@ -195,9 +196,18 @@ class KerasPredictor:
         self.model_data = model_data
         self.custom_objects = cloudpickle.dumps(custom_objects)
 
+    def cache_key(self) -> str:
+        import hashlib
+        digest = hashlib.sha1(self.model_data)
+        digest.update(self.custom_objects)
+        return "keras:" + digest.hexdigest()
+
     def __call__(self):
         import numpy as np
-        _limit_threads(1)   # one Spark task per core
+
+        from ._transform import in_spark_task
+        if in_spark_task():
+            _limit_threads(1)   # one Spark task per core (the driver keeps its own)
         model = load_model_bytes(self.model_data, cloudpickle.loads(self.custom_objects))
 
         def predict(inputs):

@@ -46,14 +46,22 @@ def _metric_name(metric) -> str:
 
 
 class TorchPredictor:
-    """Loads the model once per Spark task; called with a list of input arrays."""
+    """Loads the model (once per Spark Python worker: ``cache_key``); called with a list of
+    input arrays."""
 
     def __init__(self, model_blob: bytes):
         self.model_blob = model_blob
 
+    def cache_key(self) -> str:
+        import hashlib
+        return "torch:" + hashlib.sha1(self.model_blob).hexdigest()
+
     def __call__(self):
         import torch
-        torch.set_num_threads(1)   # one Spark task per core
+
+        from ._transform import in_spark_task
+        if in_spark_task():
+            torch.set_num_threads(1)   # one Spark task per core (the driver keeps its own)
         model = cloudpickle.loads(self.model_blob)
         model.eval()
 

@@ -9,11 +9,54 @@ when the output has one value per row and the label was a scalar, an array of fl
 
 from __future__ import annotations
 
+import collections
+import threading
+import uuid
+
 import numpy as np
 
 from . import _columns
 
 _STRUCT = "__spark_hvd_predictions"
+
+# The predictors (loaded models) a Spark Python worker keeps between tasks and transform calls,
+# newest last: a worker serves many tasks, and loading the model in every task was a fixed
+# cost per task (seconds for a large model), as predict_batch_udf's own cache avoids.
+PREDICTORS_KEPT = 2
+_predictors: collections.OrderedDict = collections.OrderedDict()
+_predictors_lock = threading.Lock()
+
+
+def in_spark_task() -> bool:
+    """Whether this code runs inside a Spark task (a Python worker), not on the driver: only
+    there may a predictor change process-wide settings such as the framework's threads."""
+    try:
+        from pyspark import TaskContext
+    except ImportError:
+        return False
+    return TaskContext.get() is not None
+
+
+def predictor_key(factory) -> str:
+    """What identifies the model ``factory`` loads: its ``cache_key()`` (a digest of the
+    model's bytes), or else a key of this transform call only."""
+    key = getattr(factory, "cache_key", None)
+    return key() if key is not None else uuid.uuid4().hex
+
+
+def cached_predictor(key: str, factory):
+    """The predictor ``factory()`` returns, loaded once per Python worker for ``key``."""
+    with _predictors_lock:
+        predictor = _predictors.get(key)
+        if predictor is not None:
+            _predictors.move_to_end(key)
+            return predictor
+    predictor = factory()
+    with _predictors_lock:
+        _predictors[key] = predictor
+        while len(_predictors) > PREDICTORS_KEPT:
+            _predictors.popitem(last=False)
+    return predictor
 
 
 def reshape_batch(array: np.ndarray, shape) -> np.ndarray:
@@ -100,7 +143,8 @@ def add_predictions(df, model):
         raise ValueError(f"transform: feature column(s) {missing} not in the DataFrame "
                          f"(columns: {df.columns})")
     factory = model._predictor_factory()
-    specs = output_specs(model, metadata, factory())
+    key = predictor_key(factory)
+    specs = output_specs(model, metadata, cached_predictor(key, factory))
     fields = [StructField(name, DoubleType() if scalar else ArrayType(FloatType()), False)
               for name, _, scalar, _ in specs]
     columns = [(c, metadata["columns"][c]) for c in model.getFeatureCols()]
@@ -108,7 +152,7 @@ def add_predictions(df, model):
     batch_size = model.getBatchSize()
 
     def predict(batches):
-        predictor = factory()
+        predictor = cached_predictor(key, factory)
         for arrays in batches:
             if isinstance(arrays, (pa.Array, pa.ChunkedArray)):
                 arrays = (arrays,)
@@ -138,8 +182,10 @@ def add_predictions(df, model):
     F = fns.F
     udf = fns.arrow_iter_udf(predict, StructType(fields))
     out = df.withColumn(_STRUCT, udf(*_input_expressions(fns, model, metadata)))
-    selected = [F.col(c) for c in df.columns]
+    # withColumns + drop: a select of every column of df cost a JVM round trip per column on
+    # the driver (tens of ms per transform call for a wide DataFrame).
+    outputs = {}
     for name, _, _, as_vector in specs:
         value = F.col(_STRUCT).getField(name)
-        selected.append((fns.array_to_vector(value) if as_vector else value).alias(name))
-    return out.select(*selected)
+        outputs[name] = fns.array_to_vector(value) if as_vector else value
+    return out.withColumns(outputs).drop(_STRUCT)
