@@ -1,36 +1,22 @@
 // Intra-host allreduce through one shared segment that every member maps, used when all members
 // of a communicator share a host. Instead of streaming bytes through pipes (a copy in, a copy
-// out, per ring step), each member publishes its chunk once, reduces its own slice of every
-// chunk directly out of the others' slots, and copies the finished slices back:
+// out, per ring step), each member reduces its own slice of the data directly out of the others'
+// memory. Three algorithms, one per file, which the dispatcher chooses among (dispatch.cc):
 //
-//   for each chunk (double-buffered so the next chunk's copy-in overlaps the stragglers):
-//     1. copy-in   member r copies the slices owned by others into its slot, bumps `in_seq`
-//     2. reduce    member r reduces slice r over all members (its own from private memory,
-//                  the others' from their slots), in member order, into the shared result;
-//                  bumps `reduced_seq`
-//     3. copy-out  member r copies the other slices from the shared result, bumps `done_seq`
+//   allreduce_shm_slots.cc        each member copies its chunk into its slot of the segment,
+//                                 reduces its slice out of everyone's slots, copies results out
+//   allreduce_shm_single_copy.cc  members read each other's tensors with process_vm_readv
+//                                 where the kernel allows it (large allreduces)
+//   allreduce_shm_arena.cc        tensors every member can map (shared arenas) are reduced in
+//                                 place, no copy at all
 //
-// Chunks are sized to stay in cache, so DRAM sees the input read once and the output written
-// once. Each slice is reduced by exactly one member in a fixed order: results are bitwise equal.
-//
-// Large allreduces skip the slots when the kernel lets members read each other's memory
-// (process_vm_readv, "cross-memory attach", which Open MPI's shared-memory transport also
-// uses): each member publishes where its tensors are, reads the others' inputs of its slice
-// straight into a private cache-sized buffer, reduces into its own output, and then reads the
-// other slices' results straight from their reducers' outputs. Per member that is about 40 %
-// less memory traffic than going through the segment. Whether peers may read each other
-// (same user, ptrace policy, seccomp) is probed once when the group is set up; if any member
-// cannot, every member keeps the slots.
-//
-// Tensors that every member can map (allocated in shared arenas, see shared_arenas.h: the torch
-// adapter puts gradients there) need neither: member r reads slice r of every member's tensor
-// where it lies, and writes the sum into every member's tensor. Per member that is S bytes read
-// and S written instead of 2 S and 2 S, and two barriers instead of three per chunk. Whether
-// every member's tensors of a response are in arenas is agreed at the start of each large
-// allreduce; if one member's are not, all take the paths above.
+// This file's class holds what they share: the segment (transport/shm_segment.h) with each
+// member's progress counters, the chunking, the barrier-like wait on the other members (with
+// CpuPlacement, cpu_placement.h), and the set-up, which probes once whether members may read
+// each other's memory and map each other's arenas (transport/peer_memory.h): a path some member
+// may not use is used by none. Each slice is reduced by exactly one member in member order, on
+// every path: results are bitwise equal across members and paths.
 #pragma once
-
-#include <sched.h>
 
 #include <cstddef>
 #include <memory>
@@ -38,10 +24,9 @@
 #include <vector>
 
 #include "collectives.h"
+#include "cpu_placement.h"
 
 namespace shvd {
-
-class SegmentedBuffer;  // the fused tensors of one allreduce seen as one array
 
 class SharedMemoryGroup {
  public:
@@ -60,11 +45,11 @@ class SharedMemoryGroup {
     uint8_t arenas = 1;  // wanted, then: every member may map every other's arenas
   };
 
-  // Collective over `comm` (every member calls it for the same communicator): member 0 creates
-  // the segment and sends its name over the data links; the others map it and acknowledge; then
-  // the name is unlinked so nothing is left behind after a crash. Returns nullptr (on every
-  // member alike) when shared memory cannot be set up, and the caller falls back to the links.
-  // Member 0's `settings` apply to every member.
+  // Collective over `comm` (every member calls it for the same communicator, on its engine
+  // thread): sets up the segment over the data links (map_group_segment) and probes which paths
+  // every member may use. Returns nullptr (on every member alike) when shared memory cannot be
+  // set up, and the caller falls back to the links. Member 0's `settings` apply to every
+  // member.
   static std::unique_ptr<SharedMemoryGroup> create(const Communicator& comm,
                                                    const std::string& job_id,
                                                    const Settings& settings);
@@ -76,16 +61,18 @@ class SharedMemoryGroup {
   // choice (dispatch.cc), the same on every member; none of them does anything for zero
   // elements.
   //
-  // In place in the members' shared arenas; false (on every member alike, nothing done) when
-  // some member's tensors are not all in its arenas. Worth the agreement it costs from
-  // arena_min_bytes on, where every member allows arenas (arenas_worth_checking).
+  // allreduce_shm_arena.cc: in place in the members' shared arenas; false (on every member
+  // alike, nothing done) when some member's tensors are not all in its arenas. Worth the
+  // agreement it costs from arena_min_bytes on, where every member allows arenas
+  // (arenas_worth_checking).
   bool allreduce_in_arenas(const Communicator& comm, const std::vector<TensorSpan>& tensors,
                            DataType dtype, ReduceOp op, double scale);
-  // Reading the peers' tensors with process_vm_readv, where every member allows it, for
-  // allreduces of at least single_copy_min_bytes (single_copy_suits).
+  // allreduce_shm_single_copy.cc: reading the peers' tensors with process_vm_readv, where
+  // every member allows it, for allreduces of at least single_copy_min_bytes
+  // (single_copy_suits).
   void allreduce_single_copy(const Communicator& comm, const std::vector<TensorSpan>& tensors,
                              DataType dtype, ReduceOp op, double scale);
-  // Through the segment's slots: always possible.
+  // allreduce_shm_slots.cc: through the segment's slots, always possible.
   void allreduce_through_slots(const Communicator& comm, const std::vector<TensorSpan>& tensors,
                                DataType dtype, ReduceOp op, double scale);
 
@@ -96,7 +83,8 @@ class SharedMemoryGroup {
   // answer on every member: it depends only on the response and on settings agreed at set-up).
   bool single_copy_suits(size_t bytes, size_t tensors) const;
 
-  struct Control;  // per-member progress counters at the start of the segment
+  // Per member, at the start of the segment (shared_memory_group_internal.h).
+  struct Control;
 
  private:
   struct Chunk;
@@ -107,18 +95,12 @@ class SharedMemoryGroup {
     Chunk chunk(size_t k) const;
   };
   // Starts a collective of `count` elements: takes its sequence numbers, publishes my CPU.
-  Plan start(const Communicator& comm, size_t count, size_t esize, size_t chunk_bytes);
-  SharedMemoryGroup(void* base, size_t bytes, int members, const Settings& settings);
-  void slots_allreduce(const Communicator& comm, const SegmentedBuffer& data, const Plan& plan,
-                       DataType dtype, ReduceOp op, double scale);
-  void single_copy_allreduce(const Communicator& comm, const SegmentedBuffer& data,
-                             const Plan& plan, DataType dtype, ReduceOp op, double scale);
+  Plan start(size_t count, size_t esize, size_t chunk_bytes);
+  SharedMemoryGroup(void* base, size_t bytes, int members, int me, const Settings& settings);
   uint8_t* peer_arena(const Communicator& comm, int member, int arena);
-  void begin_collective(const Communicator& comm);
+  // Waits until every other member's counter `which` has reached `target`.
   void wait_all(const Communicator& comm, int which, uint64_t target);
-  uint64_t publish_cpu(const Communicator& comm);  // this member's CPU + 1 (0: unknown)
-  uint64_t peer_cpu(int member) const;  // its CPU + 1 in this collective, else 0
-  cpu_set_t member_cpus(const Communicator& comm) const;  // CPUs the other members are on
+  Control* control() const { return static_cast<Control*>(base_); }
   uint8_t* slot(int member, int buffer) const;
   uint8_t* result(int buffer) const;
   uint64_t* table(int member) const;  // where a member's tensors are, for single-copy reads
@@ -140,8 +122,7 @@ class SharedMemoryGroup {
   std::vector<std::vector<PeerArena>> peer_arenas_;  // [member][arena], mapped on first use
   std::vector<uint8_t> peer_slices_;  // single copy: the peers' inputs of my slice of a chunk
   uint64_t chunks_done_ = 0;  // chunks processed so far, identical on every member
-  bool moved_ = false;        // this collective already moved off a CPU shared with a peer
-  uint64_t collective_ = 0;   // allreduces run so far, identical on every member
+  CpuPlacement placement_;
 };
 
 }  // namespace shvd
