@@ -3,8 +3,7 @@
 // carries 2(n-1)/n of the data: bandwidth-optimal for large messages.
 //
 // Walk-through for member r of n, blocks numbered 0..n-1:
-//   reduce-scatter step s: send block (r-s-1), receive block (r-s-2) and reduce it into place
-//   (pipelined per segment, see send_recv_reduce). After n-1 steps block r is complete here.
+//   reduce-scatter (reducescatter_ring.cc): after n-1 steps block r is complete here.
 //   allgather step s: send block (r-s), receive block (r-s-1) straight into place.
 #include <algorithm>
 
@@ -37,27 +36,6 @@ void allreduce_ring(const Communicator& comm, void* buf, size_t count, DataType 
     const int recv_block = ((r - s - 1) % n + n) % n;
     send_recv(right, base + offsets[send_block] * esize, counts[send_block] * esize, left,
               base + offsets[recv_block] * esize, counts[recv_block] * esize);
-  }
-}
-
-void reducescatter_ring(const Communicator& comm, void* buf, const std::vector<size_t>& counts,
-                        DataType dtype, ReduceOp op, Scratch& scratch) {
-  const int n = comm.size, r = comm.rank;
-  if (n <= 1) return;
-  const size_t esize = dtype_size(dtype);
-  const std::vector<size_t> offsets = prefix_offsets(counts);
-  size_t max_block = 0;
-  for (size_t c : counts) max_block = std::max(max_block, c);
-  void* tmp = scratch.get(max_block * esize);
-  auto* base = static_cast<uint8_t*>(buf);
-  Link* right = comm.link((r + 1) % n);
-  Link* left = comm.link((r - 1 + n) % n);
-  for (int s = 0; s < n - 1; ++s) {
-    const int send_block = ((r - s - 1) % n + n) % n;
-    const int recv_block = ((r - s - 2) % n + n) % n;
-    send_recv_reduce(right, base + offsets[send_block] * esize, counts[send_block] * esize, left,
-                     base + offsets[recv_block] * esize, tmp, counts[recv_block] * esize, dtype,
-                     op);
   }
 }
 

@@ -1,6 +1,17 @@
 // The collective algorithms, written against Link only (no knowledge of negotiation, fusion or
-// frameworks). Each lives in its own file: allreduce_ring.cc, allreduce_recursive_doubling.cc,
-// allgather_ring.cc, broadcast_tree.cc, alltoall_pairwise.cc, reducescatter_ring.cc.
+// frameworks). Which one runs is chosen in one place, dispatch.{h,cc}. Each lives in its own
+// file:
+//   allreduce_ring.cc               ring reduce-scatter + ring allgather (bandwidth-bound)
+//   allreduce_recursive_doubling.cc log2(n) whole-buffer exchanges (latency-bound)
+//   allreduce_adasum.cc             Adasum's pairwise combination over a binary tree
+//   allreduce_shm_slots.cc          one host: through the slots of a shared segment
+//   allreduce_shm_single_copy.cc    one host: reading the peers' tensors (process_vm_readv)
+//   allreduce_shm_arena.cc          one host: in place in shared arenas
+//   allgather_ring.cc, broadcast_tree.cc, alltoall_pairwise.cc, reducescatter_ring.cc
+// and what they share: collective_helpers.cc (scratch, offsets, the pipelined
+// send-receive-reduce step), reduce_kernels.{h,cc} (element-wise reduction per dtype and op),
+// shared_memory_group.{h,cc} with shared_memory_group_internal.h (the one-host group the shm_*
+// files run in), cpu_placement.{h,cc} and shared_arenas.{h,cc} (memory every member can map).
 //
 // Every member of the communicator calls the same function with consistent arguments (the
 // controller guarantees that); results are bitwise identical on every member.
