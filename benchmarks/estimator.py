@@ -736,9 +736,9 @@ def transform_part(spark, args, report):
 
     names = list(systems)
     # Warm-up: one full run of each (Python workers, imports, model load, and the first pass at
-    # full size). After a warm-up on a 5 % sample, the first timed repetition was the slowest
-    # of the system that ran first in 3 of 4 runs, which a 2-repetition median (--quick) cannot
-    # absorb: 0.75x at 50k rows once.
+    # full size). After a warm-up on a 5 % sample, the system that ran first had its slowest
+    # repetition first in 4 of 4 runs (slower than the other's in 3), which a 2-repetition
+    # median (--quick) cannot absorb: 0.75x at 50k rows once.
     for name in names:
         systems[name](df).write.format("noop").mode("overwrite").save()
     samples = {n: [] for n in names}
