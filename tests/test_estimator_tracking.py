@@ -53,7 +53,9 @@ def mlflow_store(tmp_path, monkeypatch):
     afterwards."""
     from mlflow.tracking._tracking_service import utils
     monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
-    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    # mlflow.set_experiment exports MLFLOW_EXPERIMENT_ID: restored (unset) after the test.
+    for name in ("MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_ID", "MLFLOW_EXPERIMENT_NAME"):
+        monkeypatch.delenv(name, raising=False)
     uri = (tmp_path / "mlruns").as_uri()      # not created yet: MLflow makes "Default" in it
     yield uri
     while mlflow.active_run() is not None:
