@@ -8,6 +8,7 @@ import io
 import os
 import time
 
+from ..common import _bootstrap_contract as contract
 from . import _progress
 
 KEEP_CHECKPOINTS = 2   # the newest ones: a crash while writing one still leaves the previous
@@ -49,7 +50,7 @@ def call_hooks(callbacks, hook: str, *args, **kwargs) -> None:
 
 def cpu_threads_per_rank() -> int:
     """Cores of this machine shared fairly by the ranks on it (no oversubscription)."""
-    local_size = int(os.environ.get("SPARK_HVD_LOCAL_SIZE", "1") or 1)
+    local_size = int(os.environ.get(contract.LOCAL_SIZE, "1") or 1)
     return max(1, (os.cpu_count() or 1) // max(1, local_size))
 
 
