@@ -395,7 +395,10 @@ int32_t shvd_enqueue(const shvd_op* ops, int32_t n, int64_t* handles) {
   });
 }
 
-int32_t shvd_enqueue_packed(const char* records, int64_t len, int32_t n, int64_t* handles) {
+namespace {
+// shvd_enqueue_packed; `awaited` as in Engine::enqueue.
+int32_t enqueue_packed(const char* records, int64_t len, int32_t n, int64_t* handles,
+                       bool awaited) {
   struct Header {
     int32_t op, dtype, reduce_op, root_rank, process_set, ndim, nsplits, group_size;
     int64_t input, output;
@@ -437,14 +440,29 @@ int32_t shvd_enqueue_packed(const char* records, int64_t len, int32_t n, int64_t
       entries.push_back(make_entry(op, name, group, shape, shape + 8 * size_t(h.ndim), *eng));
       p += tail;
     }
-    eng->enqueue(entries, handles);
+    eng->enqueue(entries, handles, awaited);
     return 0;
   });
+}
+}  // namespace
+
+int32_t shvd_enqueue_packed(const char* records, int64_t len, int32_t n, int64_t* handles) {
+  return enqueue_packed(records, len, n, handles, false);
 }
 
 int64_t shvd_enqueue_record(const char* record, int64_t len) {
   int64_t handle = 0;
-  return shvd_enqueue_packed(record, len, 1, &handle) == 0 ? handle : -1;
+  return enqueue_packed(record, len, 1, &handle, false) == 0 ? handle : -1;
+}
+
+int64_t shvd_enqueue_record_wait(const char* record, int64_t len, int32_t timeout_ms) {
+  int64_t handle = 0;
+  if (enqueue_packed(record, len, 1, &handle, true) != 0) return -1;
+  switch (shvd_wait_release_one_for(handle, timeout_ms)) {
+    case 0: return 0;
+    case 1: return handle;
+    default: return -2;
+  }
 }
 
 #define REQUIRE_HANDLE(e, s, h)                                                \

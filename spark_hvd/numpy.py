@@ -102,8 +102,18 @@ def allreduce(array, average=None, name=None, op=None, prescale_factor=1.0,
 def allreduce_(array, average=None, name=None, op=None, prescale_factor=1.0,
                postscale_factor=1.0, process_set=global_process_set):
     """In-place :func:`allreduce`."""
-    return allreduce_async_(array, average, name, op, prescale_factor, postscale_factor,
-                            process_set).wait()
+    flags = array.flags if isinstance(array, np.ndarray) else None
+    if flags is None or not (flags.c_contiguous and flags.writeable):
+        return allreduce_async_(array, average, name, op, prescale_factor, postscale_factor,
+                                process_set).wait()
+    # The latency-bound hot path: no handle, enqueue and wait in one native call.
+    reduce_op = _ops.resolve_reduce_op(op, average)
+    ps = 0 if process_set is global_process_set else process_set_id(process_set)
+    ptr = _addressof(_char_view(array)) if array.nbytes else array.ctypes.data
+    _ops.allreduce_now(name if type(name) is str else _ops.auto_name("allreduce", name, ps),
+                       _dtype_code(array), array.shape, ptr, ptr, reduce_op, prescale_factor,
+                       postscale_factor, ps, array)
+    return array
 
 
 def grouped_allreduce_async(arrays, average=None, name=None, op=None, prescale_factor=1.0,

@@ -57,7 +57,7 @@ Engine::~Engine() {
   if (wake_fd_ >= 0) close(wake_fd_);
 }
 
-void Engine::enqueue(std::vector<Entry>& entries, int64_t* ids) {
+void Engine::enqueue(std::vector<Entry>& entries, int64_t* ids, bool awaited) {
   std::lock_guard<std::mutex> lock(queue_mu_);
   if (!abort_reason_.empty())
     throw PeerLostError("spark_hvd job was aborted: " + abort_reason_);
@@ -77,6 +77,7 @@ void Engine::enqueue(std::vector<Entry>& entries, int64_t* ids) {
     ids[i] = handles_.create(&entries[i].state);
     queue_.push_back(std::move(entries[i]));
   }
+  awaited_queued_ = awaited_queued_ || awaited;
   last_enqueue_.store(Clock::now().time_since_epoch().count(), std::memory_order_relaxed);
   work_pending_.store(true);
   if (sleeping_.load()) {
@@ -309,10 +310,12 @@ void Engine::request_flush() {
   (void)ignored;
 }
 
-std::vector<Entry> Engine::take_queue() {
+std::vector<Entry> Engine::take_queue(bool* awaited) {
   std::lock_guard<std::mutex> lock(queue_mu_);
   std::vector<Entry> out;
   out.swap(queue_);
+  *awaited = awaited_queued_;
+  awaited_queued_ = false;
   if (!out.empty()) {
     last_activity_ = Clock::now();
     // Room for a burst like this one: a step's gradients then queue without reallocating.
@@ -323,7 +326,7 @@ std::vector<Entry> Engine::take_queue() {
 
 // Moves new local entries into the table and turns them into requests (cached ids where the
 // same request was answered before); sends them when the burst is over (see in_burst_).
-void Engine::submit(std::vector<Entry> entries, bool burst_over) {
+void Engine::submit(std::vector<Entry> entries, bool burst_over, bool awaited) {
   RequestBatch& batch = unsent_;
   batch.rank = options_.rank;
   bool flush = burst_over;
@@ -339,6 +342,12 @@ void Engine::submit(std::vector<Entry> entries, bool burst_over) {
     // Overlapping, the first op after a pause goes out at once: latency-bound loops and the
     // first gradient of a step do not wait for the window.
     flush = flush || overlap_;
+  }
+  if (awaited) {
+    // What the caller's wait would do a moment later (see wait_for_work): end the burst and
+    // send its requests now.
+    in_burst_ = false;
+    flush = true;
   }
   for (Entry& e : entries) {
     const Request& req = e.request;
@@ -385,7 +394,9 @@ void Engine::flush_requests() {
 }
 
 void Engine::run_coordinator(bool burst_over) {
-  submit(take_queue(), burst_over);
+  bool awaited = false;
+  std::vector<Entry> taken = take_queue(&awaited);
+  submit(std::move(taken), burst_over, awaited);
   for (int r = 1; r < options_.size; ++r) {
     for (const std::string& frame : read_frames(r)) {
       RequestBatch b = decode_request_batch(frame);
@@ -430,7 +441,9 @@ void Engine::run_batch(const ResponseBatch& batch) {
 }
 
 void Engine::run_worker(bool burst_over) {
-  submit(take_queue(), burst_over);
+  bool awaited = false;
+  std::vector<Entry> taken = take_queue(&awaited);
+  submit(std::move(taken), burst_over, awaited);
   for (const std::string& frame : read_frames(0)) {
     ResponseBatch batch = decode_response_batch(frame);
     if (!batch.abort.empty()) throw PeerLostError(batch.abort);

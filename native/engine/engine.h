@@ -76,8 +76,10 @@ class Engine {
 
   // Validates and queues ops (all or none), moving them out of `entries` and writing their
   // handles to `ids`. Throws OpMismatchError for bad input, PeerLostError if the job was
-  // aborted, std::logic_error after shutdown.
-  void enqueue(std::vector<Entry>& entries, int64_t* ids);
+  // aborted, std::logic_error after shutdown. `awaited`: the caller waits for these ops right
+  // away (a synchronous collective): the engine sends them when it takes them, without the
+  // second hand-off (the wait) that would end a burst for them a few microseconds later.
+  void enqueue(std::vector<Entry>& entries, int64_t* ids, bool awaited = false);
 
   // Coordinated shutdown: returns once every rank has shut down (or the job aborted).
   void shutdown();
@@ -91,8 +93,9 @@ class Engine {
   // requests are to be sent now).
   bool wait_for_work();
   void drain_wake_fd(const pollfd& fd);
-  std::vector<Entry> take_queue();
-  void submit(std::vector<Entry> entries, bool burst_over);
+  // `awaited`: an op taken was enqueued awaited (see enqueue).
+  std::vector<Entry> take_queue(bool* awaited);
+  void submit(std::vector<Entry> entries, bool burst_over, bool awaited);
   void flush_requests();
   // Blocks in poll() on the wake eventfd and the control links until `deadline`.
   void sleep_until(std::vector<pollfd>& fds, Clock::time_point deadline);
@@ -152,6 +155,7 @@ class Engine {
   // Shared with user threads.
   std::mutex queue_mu_;
   std::vector<Entry> queue_;
+  bool awaited_queued_ = false;  // queue_ holds an op enqueued awaited
   std::unordered_set<std::string> in_flight_;  // names enqueued and not yet completed
   bool shutdown_requested_ = false;
   bool stopped_ = false;

@@ -59,7 +59,9 @@ bool HandleTable::wait_until(const std::shared_ptr<HandleState>& state, Clock::t
   waiters_.fetch_add(1);
   if (wait_hook_) wait_hook_();
   // Spin briefly (yielding, so the engine thread gets the core on a small machine) before
-  // sleeping on the condition variable.
+  // sleeping on the condition variable. (A pure spin on the word first cost 2 us per wait
+  // whenever the engine thread had to run on the waiter's core: measured, 8.2 -> 10.5 us for
+  // a single-rank 4-byte allreduce.)
   for (int i = 0; i < 200 && !done(); ++i) std::this_thread::yield();
   bool completed = done();
   if (!completed) {

@@ -177,6 +177,12 @@ int32_t shvd_enqueue(const shvd_op* ops, int32_t n, int64_t* handles);
 int32_t shvd_enqueue_packed(const char* records, int64_t len, int32_t n, int64_t* handles);
 /* One packed record (the per-tensor hot path): returns its handle (> 0), or -1 on failure. */
 int64_t shvd_enqueue_record(const char* record, int64_t len);
+/* A synchronous collective's hot path in one call: enqueues one packed record as awaited (the
+ * engine sends it at once instead of waiting for the wait to end its burst), then waits as
+ * shvd_wait_release_one_for. Returns 0 (completed and released), the handle (> 0: still
+ * running after about `timeout_ms`, wait for it again), -1 (nothing enqueued: the error says
+ * why) or -2 (the op failed and is released: its error). */
+int64_t shvd_enqueue_record_wait(const char* record, int64_t len, int32_t timeout_ms);
 /* 1 if done, 0 if pending, -1 unknown handle. */
 int32_t shvd_poll(int64_t handle);
 /* Waits until done. Returns 0 on success, -1 on failure (the op's error). */

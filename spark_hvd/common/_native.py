@@ -78,6 +78,7 @@ def _load():
         "shvd_process_set_find": (i32, [p_i32, i32]),
         "shvd_enqueue_packed": (i32, [ctypes.c_char_p, i64, i32, p_i64]),
         "shvd_enqueue_record": (i64, [ctypes.c_char_p, i64]),
+        "shvd_enqueue_record_wait": (i64, [ctypes.c_char_p, i64, i32]),
         "shvd_poll": (i32, [i64]),
         "shvd_wait": (i32, [i64]),
         "shvd_wait_release": (i32, [p_i64, i32]),

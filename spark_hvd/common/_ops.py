@@ -100,16 +100,22 @@ def make_op(kind, name, dtype, shape, input_ptr, output_ptr, reduce_op=Sum, pres
                     len(group_b), name_b, group_b, *shape, *splits)
 
 
+def _allreduce_record(name, dtype, shape, input_ptr, output_ptr, reduce_op, prescale, postscale,
+                      process_set):
+    name_b = name.encode() if type(name) is str else str(name).encode()
+    ndim = len(shape)
+    key = (len(name_b), 0, ndim)
+    return (_RECORD_FORMATS.get(key) or _record_format(key)).pack(
+        OP_ALLREDUCE, dtype, reduce_op, 0, process_set, ndim, 0, 0, input_ptr, output_ptr,
+        prescale, postscale, len(name_b), 0, name_b, b"", *shape)
+
+
 def enqueue_allreduce(name, dtype, shape, input_ptr, output_ptr, reduce_op, prescale, postscale,
                       process_set):
     """:func:`enqueue_one` for a single allreduce with positional arguments: the per-tensor hot
     path of every adapter (gradient hooks, ``allreduce_async_``), about twice as fast."""
-    name_b = name.encode() if type(name) is str else str(name).encode()
-    ndim = len(shape)
-    key = (len(name_b), 0, ndim)
-    record = (_RECORD_FORMATS.get(key) or _record_format(key)).pack(
-        OP_ALLREDUCE, dtype, reduce_op, 0, process_set, ndim, 0, 0, input_ptr, output_ptr,
-        prescale, postscale, len(name_b), 0, name_b, b"", *shape)
+    record = _allreduce_record(name, dtype, shape, input_ptr, output_ptr, reduce_op, prescale,
+                               postscale, process_set)
     handle = _enqueue_native(record, len(record))
     if handle == -1:
         _enqueue_failed()
@@ -118,7 +124,34 @@ def enqueue_allreduce(name, dtype, shape, input_ptr, output_ptr, reduce_op, pres
     return handle
 
 
+def allreduce_now(name, dtype, shape, input_ptr, output_ptr, reduce_op, prescale, postscale,
+                  process_set, keepalive):
+    """A synchronous allreduce of one buffer (arguments as :func:`enqueue_allreduce`): enqueues
+    it and waits in one native call, which also tells the engine to send it at once (no burst
+    to end; see ``shvd_enqueue_record_wait``). ``keepalive``: the buffers, kept until the op
+    completed when a signal handler interrupts the wait. Raises the op's error."""
+    record = _allreduce_record(name, dtype, shape, input_ptr, output_ptr, reduce_op, prescale,
+                               postscale, process_set)
+    rc = 0
+    try:
+        rc = _enqueue_wait_native(record, len(record), _SLICE)
+        if rc > 0:  # still running after the first slice: wait in slices as wait() does
+            wait(rc, keepalive)
+            return
+    except BaseException:
+        if rc > 0:  # a signal handler raised: the core may still use the buffers
+            _adopt((rc,), keepalive)
+        raise
+    if _orphans:
+        _tend_orphans()
+    if rc == -1:
+        _enqueue_failed()
+    if rc == -2:
+        raise_last_error()
+
+
 _enqueue_native = lib.shvd_enqueue_record
+_enqueue_wait_native = lib.shvd_enqueue_record_wait
 
 
 def _enqueue_record(record):

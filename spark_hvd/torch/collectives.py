@@ -264,6 +264,20 @@ def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
                postscale_factor=1.0, process_set=global_process_set):
     """In-place allreduce: reduces ``tensor`` over the ranks and writes the result into it
     (not differentiable). Returns ``tensor``."""
+    if isinstance(tensor, torch.Tensor) and tensor.is_cpu and tensor.is_contiguous() and \
+            tensor.layout == torch.strided:
+        # The latency-bound hot path: no handle, enqueue and wait in one native call (the
+        # engine then sends the op at once). Other tensors are staged by the general path.
+        op = _reduce_op(op, average)
+        ps = process_set_id(process_set)
+        ptr = _ptr(tensor)
+        try:
+            _ops.allreduce_now(_auto_name("allreduce", name, ps), _dtype_code(tensor),
+                               tensor.shape, ptr, ptr, op, float(prescale_factor),
+                               float(postscale_factor), ps, tensor)
+        except ValueError as e:
+            raise as_collective_error(e) from None
+        return tensor
     return synchronize(allreduce_async_(tensor, average, name, op, prescale_factor,
                                         postscale_factor, process_set))
 

@@ -603,8 +603,14 @@ def errors(c, n, rank, only_me_set):
     h = hvd.allreduce_async(torch.full((2,), float(rank)), name="e.dup", op=hvd.Sum)
     c.raises("duplicate in-flight name", E, hvd.allreduce_async, torch.ones(2), name="e.dup",
              match=["e.dup", "already in flight"])
+    # allreduce_ of a contiguous CPU tensor enqueues and waits in one native call: its refusal
+    # (nothing enqueued) and an op's failure are raised as from the general path
+    c.raises("duplicate in-flight name, in place", E, hvd.allreduce_, torch.ones(2),
+             name="e.dup", match=["e.dup", "already in flight"])
     c.check(torch.equal(hvd.synchronize(h), torch.full((2,), float(sum(range(n))))),
             "the op whose name was reused still completes")
+    c.raises("allreduce_ shape mismatch", E, hvd.allreduce_, torch.ones(rank + 1),
+             name="e.ishape", match=["e.ishape", "Mismatched shapes"])
     c.raises("root mismatch", ValueError, hvd.broadcast, torch.ones(3), rank % 2, name="e.root",
              match="root")
     c.raises("root out of range", ValueError, hvd.broadcast, torch.ones(3), n, name="e.root2",
