@@ -77,6 +77,14 @@ class Checks:
         print(f"OK rank={self.rank} checks={self.count} {extra}".rstrip(), flush=True)
 
 
+def run_mode(functions: dict) -> None:
+    """Runs the worker function named by ``sys.argv[1]`` (looked up in ``functions``, the
+    worker module's ``globals()``) with this rank's Checks, then reports."""
+    c = Checks(int(os.environ["SPARK_HVD_RANK"]))
+    functions[sys.argv[1]](c)
+    c.finish()
+
+
 def apply_rank_env() -> None:
     """Sets the variables only this rank sees: ENV_OF_RANK_<rank>="NAME=VALUE ..." (to test
     whose settings win when ranks differ). Call before init."""

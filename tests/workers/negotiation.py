@@ -8,13 +8,10 @@ that one rank changes), with exact results checked on every rank.
             mismatch every rank must report); a sub-set allreduce on ranks [0, 1]
 """
 
-import os
-import sys
-
 import numpy as np
 
 import spark_hvd.numpy as hvd
-from _wutil import Checks
+from _wutil import Checks, run_mode
 
 DTYPES = [np.float32, np.float64, np.int32]
 
@@ -57,12 +54,5 @@ def steady(c):
     hvd.shutdown()
 
 
-def main():
-    mode = sys.argv[1]
-    c = Checks(int(os.environ["SPARK_HVD_RANK"]))
-    globals()[mode](c)
-    c.finish()
-
-
 if __name__ == "__main__":
-    main()
+    run_mode(globals())

@@ -9,13 +9,12 @@ Usage: process_sets.py MODE
 """
 
 import os
-import sys
 import time
 
 import numpy as np
 
 import spark_hvd.numpy as hvd
-from _wutil import Checks
+from _wutil import Checks, run_mode
 
 
 def dynamic_api(c):
@@ -132,12 +131,5 @@ def same_name_disjoint(c):
     hvd.shutdown()
 
 
-def main():
-    mode = sys.argv[1]
-    c = Checks(int(os.environ["SPARK_HVD_RANK"]))
-    globals()[mode](c)
-    c.finish()
-
-
 if __name__ == "__main__":
-    main()
+    run_mode(globals())
