@@ -17,6 +17,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <vector>
 
 #include "harness.h"
@@ -40,6 +41,10 @@ void futex_wait(std::atomic<uint32_t>* w, uint32_t value) {
 void futex_wake(std::atomic<uint32_t>* w) {
   syscall(SYS_futex, reinterpret_cast<uint32_t*>(w), FUTEX_WAKE, 1, nullptr, nullptr, 0);
 }
+
+// argv[2]: hand-offs per mode. The test suite runs a few hundred: two pure spinners that share
+// a CPU pay a scheduler time slice per hand-off, so the full count can take minutes there.
+int g_rounds = 0;
 
 // Plays `me`'s side of `rounds` hand-offs; returns the median one-way time (player 0 only).
 double play(Shared* s, int me, Mode mode, int rounds, int sock) {
@@ -79,7 +84,7 @@ void measure(Shared* s, Mode mode) {
   int socks[2];
   CHECK(socketpair(AF_UNIX, SOCK_DGRAM, 0, socks) == 0);
   s->turn.store(0);
-  const int rounds = mode == kSpin || mode == kYield ? 20000 : 5000;
+  const int rounds = g_rounds > 0 ? g_rounds : mode == kSpin || mode == kYield ? 20000 : 5000;
   pid_t child = fork();
   if (child == 0) {
     play(s, 1, mode, rounds, socks[1]);
@@ -96,7 +101,8 @@ void measure(Shared* s, Mode mode) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc > 1) g_filter = argv[1];
+  if (argc > 1 && argv[1][0] != '\0') g_filter = argv[1];
+  if (argc > 2) g_rounds = std::atoi(argv[2]);
   auto* s = static_cast<Shared*>(mmap(nullptr, sizeof(Shared), PROT_READ | PROT_WRITE,
                                       MAP_SHARED | MAP_ANONYMOUS, -1, 0));
   std::printf("CPUs: %ld online\n", sysconf(_SC_NPROCESSORS_ONLN));
