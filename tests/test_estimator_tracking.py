@@ -53,11 +53,18 @@ def mlflow_store(tmp_path, monkeypatch):
     afterwards."""
     from mlflow.tracking._tracking_service import utils
     monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
-    # mlflow.set_experiment exports MLFLOW_EXPERIMENT_ID: restored (unset) after the test.
-    for name in ("MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_ID", "MLFLOW_EXPERIMENT_NAME"):
-        monkeypatch.delenv(name, raising=False)
+    # mlflow.set_tracking_uri / set_experiment export MLFLOW_TRACKING_URI / _EXPERIMENT_ID:
+    # restored afterwards, or later tests' subprocesses (the examples) would track into a
+    # store that is gone. (monkeypatch.delenv does not restore a name that was not set.)
+    names = ("MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_ID", "MLFLOW_EXPERIMENT_NAME")
+    saved = {name: os.environ.pop(name, None) for name in names}
     uri = (tmp_path / "mlruns").as_uri()      # not created yet: MLflow makes "Default" in it
     yield uri
+    for name, value in saved.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
     while mlflow.active_run() is not None:
         mlflow.end_run()
     utils._tracking_uri = None
@@ -211,6 +218,25 @@ def test_tracking_switch(mlflow_store, tmp_path):
     with _tracking.track_fit(TorchEstimator(mlflow_tracking=False), "r", None) as tracking:
         tracking.log_model(model)
     assert model.getMlflowRunId() is None
+
+
+def test_tracking_that_cannot_start_costs_no_fit_unless_asked(mlflow_store, tmp_path,
+                                                              monkeypatch):
+    """A tracking URI from the environment turns tracking on by itself; when MLflow then cannot
+    start a run (here MLflow 3 refusing a file store without MLFLOW_ALLOW_FILE_STORE), the fit
+    goes on untracked with a warning. Asked for by a Param, the same failure is an error."""
+    monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE")
+    os.environ["MLFLOW_TRACKING_URI"] = mlflow_store          # restored by the fixture
+    sink = _progress.ProgressSink(io.StringIO(), verbose=0)
+    model = TorchModel(model=torch.nn.Linear(2, 1))
+    with pytest.warns(UserWarning, match="not tracked in MLflow"):
+        with _tracking.track_fit(TorchEstimator(), "r", sink) as tracking:
+            tracking.log_model(model)
+    assert model.getMlflowRunId() is None and mlflow.active_run() is None
+    with pytest.raises(mlflow.exceptions.MlflowException, match="MLFLOW_ALLOW_FILE_STORE"):
+        with _tracking.track_fit(TorchEstimator(mlflow_tracking=True), "r", sink):
+            pass
+    assert mlflow.active_run() is None
 
 
 def test_tracking_asked_without_mlflow_names_the_package():

@@ -302,12 +302,27 @@ def track_fit(estimator, run_id: str, sink):
         raise ValueError(f"{type(estimator).__name__}: mlflow_tracking_uri={uri!r} differs from "
                          f"the tracking URI of the active MLflow run {active.info.run_id} "
                          f"({mlflow.get_tracking_uri()!r}); end that run or drop the Param")
+    asked = bool(_param(estimator, "mlflow_tracking") or uri)
     with _tracking_uri(mlflow, None if active is not None else uri):
-        if active is None:
-            mlflow.start_run(run_name=run_id)
-        tracking = MlflowTracking(mlflow, estimator, run_id, owned=active is None)
+        tracking = None
         try:
+            if active is None:
+                mlflow.start_run(run_name=run_id)
+            tracking = MlflowTracking(mlflow, estimator, run_id, owned=active is None)
             tracking.start()
+        except Exception as error:  # noqa: BLE001
+            if tracking is not None:
+                tracking.end(error)
+            if asked:
+                raise
+            # Tracking that turned itself on (an environment's tracking URI) must not cost the
+            # user the fit: train untracked and say why.
+            warnings.warn(f"spark_hvd: this fit is not tracked in MLflow, which could not start "
+                          f"a run ({type(error).__name__}: {error}); set mlflow_tracking=False "
+                          f"to silence this", stacklevel=4)
+            yield _NoTracking()
+            return
+        try:
             sink.add_listener(tracking.on_event)
             yield tracking
         except BaseException as error:
