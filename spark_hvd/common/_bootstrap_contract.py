@@ -95,12 +95,12 @@ def start_timeout(env=None) -> float:
             try:
                 return float(value)
             except ValueError:
-                raise ValueError(f"{_set_name(short, env)}={value!r} is not a number of "
+                raise ValueError(f"{set_name(short, env)}={value!r} is not a number of "
                                  "seconds") from None
     return DEFAULT_START_TIMEOUT
 
 
-def _set_name(name: str, env) -> str:
+def set_name(name: str, env=None) -> str:
     """The full name under which ``name`` was found (for error messages)."""
     env = os.environ if env is None else env
     return next((p + name for p in ENV_PREFIXES if env.get(p + name)), PREFIX + name)

@@ -7,7 +7,6 @@ about each one that is set but not implemented, so none is silently ignored.
 """
 
 import logging
-import os
 import sys
 
 from . import _bootstrap_contract as contract
@@ -285,5 +284,5 @@ def warn_unsupported_env():
             continue
         if value.strip().lower() in var.accepted:
             continue
-        given = "SPARK_HVD_" + name if os.environ.get("SPARK_HVD_" + name) else "HOROVOD_" + name
-        _warn_once(name, f"{given}={value} is set but {var.reason}; it is ignored")
+        _warn_once(name, f"{contract.set_name(name)}={value} is set but {var.reason}; it is "
+                         "ignored")
