@@ -324,9 +324,12 @@ std::vector<Entry> Engine::take_queue(bool* awaited) {
   return out;
 }
 
-// Moves new local entries into the table and turns them into requests (cached ids where the
-// same request was answered before); sends them when the burst is over (see in_burst_).
-void Engine::submit(std::vector<Entry> entries, bool burst_over, bool awaited) {
+// Takes the queue, moves its entries into the table and turns them into requests (cached ids
+// where the same request was answered before); sends them when the burst is over (see
+// in_burst_).
+void Engine::submit_queued(bool burst_over) {
+  bool awaited = false;
+  std::vector<Entry> entries = take_queue(&awaited);
   RequestBatch& batch = unsent_;
   batch.rank = options_.rank;
   bool flush = burst_over;
@@ -394,9 +397,7 @@ void Engine::flush_requests() {
 }
 
 void Engine::run_coordinator(bool burst_over) {
-  bool awaited = false;
-  std::vector<Entry> taken = take_queue(&awaited);
-  submit(std::move(taken), burst_over, awaited);
+  submit_queued(burst_over);
   for (int r = 1; r < options_.size; ++r) {
     for (const std::string& frame : read_frames(r)) {
       RequestBatch b = decode_request_batch(frame);
@@ -441,9 +442,7 @@ void Engine::run_batch(const ResponseBatch& batch) {
 }
 
 void Engine::run_worker(bool burst_over) {
-  bool awaited = false;
-  std::vector<Entry> taken = take_queue(&awaited);
-  submit(std::move(taken), burst_over, awaited);
+  submit_queued(burst_over);
   for (const std::string& frame : read_frames(0)) {
     ResponseBatch batch = decode_response_batch(frame);
     if (!batch.abort.empty()) throw PeerLostError(batch.abort);

@@ -95,7 +95,7 @@ class Engine {
   void drain_wake_fd(const pollfd& fd);
   // `awaited`: an op taken was enqueued awaited (see enqueue).
   std::vector<Entry> take_queue(bool* awaited);
-  void submit(std::vector<Entry> entries, bool burst_over, bool awaited);
+  void submit_queued(bool burst_over);
   void flush_requests();
   // Blocks in poll() on the wake eventfd and the control links until `deadline`.
   void sleep_until(std::vector<pollfd>& fds, Clock::time_point deadline);
