@@ -207,6 +207,9 @@ def start_timeline(file_path, mark_cycles=False):
 
 def stop_timeline():
     """Stops the timeline started by :func:`start_timeline` or ``SPARK_HVD_TIMELINE`` and
-    closes its file (a valid JSON trace); stopping when none runs does nothing."""
+    closes its file (a valid JSON trace); stopping when none runs does nothing.
+
+    The trace is rank 0's view: requests other ranks send before rank 0 stops are recorded,
+    so follow it with :func:`barrier` when later ops must be left out."""
     _require_init()
     check(lib.shvd_stop_timeline())
