@@ -1,0 +1,39 @@
+"""Fixtures for tests on the multi-host bed (see bed.py). Every test here is marked
+``multihost`` (run them alone with ``-m multihost``) and skips, with the reason, where network
+namespaces cannot be made."""
+
+from __future__ import annotations
+
+import pytest
+
+from bed import Bed, unavailable_reason
+
+_REASON = unavailable_reason()
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if "tests/multihost/" in str(item.fspath).replace("\\", "/"):
+            item.add_marker(pytest.mark.multihost)
+            if _REASON:
+                item.add_marker(pytest.mark.skip(reason=f"no multi-host bed: {_REASON}"))
+
+
+def _bed(**kwargs):
+    bed = Bed(**kwargs)
+    with bed:
+        yield bed
+    left = bed.leftovers()
+    assert not left, f"the bed left these behind: {left}"
+
+
+@pytest.fixture
+def bed2():
+    """Two hosts, h0 and h1, on one bridge."""
+    yield from _bed(n_hosts=2)
+
+
+@pytest.fixture
+def bed2_mgmt():
+    """Two hosts whose management links (mgmt0) reach only the root namespace."""
+    yield from _bed(n_hosts=2, mgmt_links=True)
