@@ -72,6 +72,17 @@ if [ "${SPARK_HVD_SKIP_APT:-0}" != "1" ]; then
       log "could not install mpich: the MPICH (Hydra) launcher tests will be skipped"
     fi
   fi
+  # The multi-host test bed (tests/multihost): network namespaces and tc from iproute2, and
+  # sshd in each simulated host for the launcher's ssh path. Optional: without them those tests
+  # skip with the reason.
+  if ! command -v ip >/dev/null 2>&1 || ! command -v tc >/dev/null 2>&1 \
+      || ! [ -x /usr/sbin/sshd ] || ! command -v ssh-keygen >/dev/null 2>&1; then
+    log "installing iproute2 and openssh-server for the multi-host test bed"
+    if ! { as_root apt-get update -q && as_root env DEBIAN_FRONTEND=noninteractive \
+        apt-get install -y -q --no-install-recommends iproute2 openssh-server openssh-client; }; then
+      log "could not install iproute2/openssh-server: the multi-host tests will be skipped"
+    fi
+  fi
 fi
 
 # 2. Python environment ------------------------------------------------------------------------
