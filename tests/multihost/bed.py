@@ -9,6 +9,12 @@ host also gets a point-to-point management link to the root namespace (``mgmt0``
 ``198.19.<net>.<4i+2>/30``) that does not reach the other hosts (IP forwarding is off in the root
 namespace): a host with two interfaces of which only one connects it to its peers.
 
+Each host also has a hostname of its own (``shvd<net>-h<i>``, the namespace's name): processes
+started in it get a UTS namespace of their own, and ``/etc/netns/<ns>/hosts`` (which ``ip netns
+exec`` mounts over ``/etc/hosts``) resolves every host's name to its address. Open MPI and Spark
+tell machines apart by hostname, so they need it. :meth:`Bed.start_sshd` runs an ``sshd`` in
+every host, reached with a key the bed makes: the path a user's launcher takes.
+
 Everything is torn down by :meth:`Bed.close` whatever happens: every process in a host namespace
 is killed, the namespaces, veths and bridge are deleted, and :meth:`Bed.leftovers` tells what
 remains (tests assert it is empty). Several beds may exist at once (parallel test sessions): each
@@ -70,9 +76,14 @@ class Host:
     mgmt_addr: str | None = None  # its management-link address (interface mgmt0), if any
     veth: str = ""   # root-namespace end of its bridge link (ip link set <veth> down cuts it)
 
+    @property
+    def hostname(self) -> str:
+        return self.netns
+
     def exec_argv(self, argv: list[str]) -> list[str]:
-        """``argv`` run inside this host's network namespace."""
-        return ["ip", "netns", "exec", self.netns, *argv]
+        """``argv`` run inside this host's network namespace, with the host's hostname."""
+        return ["ip", "netns", "exec", self.netns, "unshare", "--uts", "sh", "-c",
+                'hostname "$0" && exec "$@"', self.hostname, *argv]
 
 
 class Bed:
@@ -115,6 +126,7 @@ class Bed:
             _ip("link", "set", self.bridge, "up")
             for i in range(self.n_hosts):
                 self.hosts.append(self._add_host(i))
+            self._write_hosts_files()
         except BaseException:
             self.close()
             raise
@@ -149,6 +161,15 @@ class Bed:
         return [n for n in names
                 if n.startswith((prefix + "h", prefix + "m")) or n == f"shvdbr{self.net}"]
 
+    def _write_hosts_files(self) -> None:
+        lines = ["127.0.0.1 localhost", "::1 localhost ip6-localhost ip6-loopback"]
+        lines += [f"{h.addr} {h.hostname}" for h in self.hosts]
+        for h in self.hosts:
+            etc = f"/etc/netns/{h.netns}"
+            os.makedirs(etc, exist_ok=True)
+            with open(f"{etc}/hosts", "w") as f:
+                f.write("\n".join(lines) + "\n")
+
     def _remove_stale(self) -> None:
         """Removes what this bed, or a killed earlier bed with this number, left behind."""
         for line in _ip("netns", "list", check=False).stdout.splitlines():
@@ -156,6 +177,9 @@ class Bed:
             if name.startswith(f"shvd{self.net}-"):
                 self._kill_netns_pids(name)
                 _ip("netns", "del", name, check=False)
+        for d in (os.listdir("/etc/netns") if os.path.isdir("/etc/netns") else []):
+            if d.startswith(f"shvd{self.net}-"):
+                shutil.rmtree(f"/etc/netns/{d}", ignore_errors=True)
         # A namespace's end of a veth goes with it, but asynchronously: delete the root ends
         # (which takes the pair) and wait, so the next bed with this number can reuse the names.
         for _ in range(100):
@@ -212,6 +236,9 @@ class Bed:
         left = [f"netns {line.split()[0]}" for line in _ip("netns", "list").stdout.splitlines()
                 if line.startswith(prefix + "-")]
         left += [f"link {name}" for name in self._our_links()]
+        if os.path.isdir("/etc/netns"):
+            left += [f"/etc/netns/{d}" for d in os.listdir("/etc/netns")
+                     if d.startswith(prefix + "-")]
         left += [f"process {p.pid} {p.args}" for p in self._procs if p.poll() is None]
         return left
 
@@ -231,6 +258,36 @@ class Bed:
         kwargs.setdefault("capture_output", True)
         kwargs.setdefault("text", True)
         return subprocess.run(host.exec_argv(argv), timeout=timeout, **kwargs)
+
+    def start_sshd(self) -> "SshAccess":
+        """Starts ``sshd`` in every host (port 22 on its bridge address, root login with a key
+        made here, host key kept across beds so ``known_hosts`` stays valid) and returns how to
+        reach them: ``spark-hvd-run -i <access.identity_file> -H <h.addr>:N,...``."""
+        access = SshAccess.make()
+        os.makedirs("/run/sshd", mode=0o755, exist_ok=True)  # sshd's privilege-separation dir
+        for h in self.hosts:
+            config = os.path.join(access.directory, f"sshd_config.{h.netns}")
+            with open(config, "w") as f:
+                f.write("\n".join([
+                    f"ListenAddress {h.addr}", "Port 22", f"HostKey {access.host_key}",
+                    f"AuthorizedKeysFile {access.authorized_keys}", "PermitRootLogin yes",
+                    "PasswordAuthentication no", "KbdInteractiveAuthentication no",
+                    "StrictModes no", "UsePAM no", "PermitUserEnvironment no",
+                    f"PidFile {access.directory}/sshd.{h.netns}.pid", "LogLevel ERROR",
+                    "MaxStartups 100:30:200", "MaxSessions 100"]) + "\n")
+            self.popen(h, ["/usr/sbin/sshd", "-D", "-e", "-f", config],
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        for h in self.hosts:  # ready when a key login runs a command
+            deadline = time.monotonic() + 20
+            while True:
+                done = subprocess.run(access.ssh_argv(h.addr, "true"), capture_output=True,
+                                      text=True, timeout=30)
+                if done.returncode == 0:
+                    break
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"sshd on {h.name} did not come up: {done.stderr}")
+                time.sleep(0.2)
+        return access
 
     # -- faults and limits ----------------------------------------------------------------------
 
@@ -261,6 +318,34 @@ class Bed:
         return pids
 
 
+@dataclasses.dataclass
+class SshAccess:
+    """The key pair and files with which the root namespace logs into the bed's hosts."""
+    directory: str
+    identity_file: str
+    host_key: str
+    authorized_keys: str
+
+    @classmethod
+    def make(cls) -> "SshAccess":
+        d = "/tmp/shvd-bed-ssh"
+        os.makedirs(d, mode=0o700, exist_ok=True)
+        with open(os.path.join(d, ".lock"), "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # parallel beds make the keys once
+            for key in ("id_ed25519", "host_ed25519"):
+                if not os.path.exists(os.path.join(d, key)):
+                    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f",
+                                    os.path.join(d, key)], check=True, capture_output=True)
+            shutil.copyfile(os.path.join(d, "id_ed25519.pub"), os.path.join(d, "authorized_keys"))
+        return cls(d, os.path.join(d, "id_ed25519"), os.path.join(d, "host_ed25519"),
+                   os.path.join(d, "authorized_keys"))
+
+    def ssh_argv(self, addr: str, command: str) -> list[str]:
+        return ["ssh", "-i", self.identity_file, "-o", "BatchMode=yes", "-o",
+                "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null", "-o",
+                "LogLevel=ERROR", "-o", "ConnectTimeout=5", addr, command]
+
+
 def _main() -> None:
     import argparse
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -268,13 +353,17 @@ def _main() -> None:
     parser.add_argument("hosts", type=int)
     parser.add_argument("--rate", help="egress limit per host, e.g. 2gbit")
     parser.add_argument("--mgmt-links", action="store_true")
+    parser.add_argument("--sshd", action="store_true", help="start sshd in every host")
     args = parser.parse_args()
     reason = unavailable_reason()
     if reason:
         sys.exit(f"cannot make a bed: {reason}")
     with Bed(args.hosts, rate=args.rate, mgmt_links=args.mgmt_links) as bed:
+        if args.sshd:
+            print(f"ssh key: {bed.start_sshd().identity_file}", flush=True)
         for h in bed.hosts:
-            print(f"{h.name} netns={h.netns} addr={h.addr} mgmt={h.mgmt_addr}", flush=True)
+            print(f"{h.name} netns={h.netns} hostname={h.hostname} addr={h.addr} "
+                  f"mgmt={h.mgmt_addr}", flush=True)
         print(f"bridge {bed.bridge} {bed.bridge_addr}; Ctrl-C tears it down", flush=True)
         try:
             signal.pause()

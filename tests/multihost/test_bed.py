@@ -83,3 +83,17 @@ def test_management_links_reach_the_root_namespace_only(bed2_mgmt):
     to_peer_data = bed2_mgmt.run(h0, [PY, "-c", probe, h1.addr]).stdout
     assert to_peer_data.startswith("reached"), to_peer_data
     assert to_peer_mgmt.startswith("unreachable"), to_peer_mgmt
+
+
+def test_hosts_have_their_own_names_and_sshd(bed2):
+    h0, h1 = bed2.hosts
+    access = bed2.start_sshd()
+    # Logged into h1 over ssh from the root namespace: its hostname, and h0's name resolves
+    # to h0's address there.
+    probe = f"hostname; getent hosts {h0.hostname}"
+    done = subprocess.run(access.ssh_argv(h1.addr, probe), capture_output=True, text=True,
+                          timeout=30)
+    assert done.returncode == 0, done.stderr
+    name, resolved = done.stdout.splitlines()[:2]
+    assert name == h1.hostname
+    assert resolved.split()[0] == h0.addr
