@@ -9,6 +9,7 @@ authenticated mesh. With none of those present the process is a job of size 1.
 """
 
 import ctypes
+import logging
 import os
 import secrets
 import socket
@@ -16,8 +17,11 @@ import socket
 from . import _bootstrap_contract as contract
 from . import _launchers
 from ._native import InitOptions, check, lib
-from ._network import route_address
+from ._network import pinned_interface_address, route_address
 from ._secret import secret_from_env
+from .exceptions import HorovodInternalError
+
+_log = logging.getLogger("spark_hvd")
 
 
 class Placement:
@@ -163,6 +167,7 @@ def start(config, comm=None, process_sets=(), rendezvous=None, placement=None, s
     bind_addr = os.environ.get(contract.BIND_ADDR, "")
     peers = ""
     if placement.size > 1:
+        bind_addr, interface = _pinned_bind_address(placement.rank, bind_addr)
         port = check(lib.shvd_listen(bind_addr.encode() or b"0.0.0.0",
                                      -1 if config.tcp_buffer_bytes is None
                                      else config.tcp_buffer_bytes))
@@ -170,8 +175,11 @@ def start(config, comm=None, process_sets=(), rendezvous=None, placement=None, s
         # server of another launcher (torchrun, horovodrun, PMI_PORT).
         rendezvous_host = (getattr(rendezvous, "route_host", None)
                            or os.environ.get(contract.RENDEZVOUS_ADDR, "").rpartition(":")[0])
-        mine = f"{_advertised_host(bind_addr, rendezvous_host.strip('[]'))} {port} {host_id}"
-        mine = mine.encode()
+        advertised = _advertised_host(bind_addr, rendezvous_host.strip('[]'))
+        _log.debug("rank %d listens on %s:%d%s, advertised as %s", placement.rank,
+                   bind_addr or "0.0.0.0", port, f" (interface {interface})" if interface else "",
+                   advertised)
+        mine = f"{advertised} {port} {host_id}".encode()
         lines = [v.decode() for v in rendezvous.allgather(mine)]
         peers = "\n".join(lines) + "\n"
         placement.fill_from_hosts([line.split()[2] for line in lines])
@@ -210,5 +218,37 @@ def start(config, comm=None, process_sets=(), rendezvous=None, placement=None, s
         shm_arenas=1 if config.shared_gradients else 0,
         shm_pipe_bytes=config.shm_pipe_bytes,
         shm_negotiation=1 if config.shm_negotiation else 0)
-    check(lib.shvd_init(opts))
+    try:
+        check(lib.shvd_init(opts))
+    except HorovodInternalError as e:
+        if "to connect" not in str(e):
+            raise
+        raise HorovodInternalError(f"{e} {_address_hint(peers)}") from None
     return placement
+
+
+def _pinned_bind_address(rank, bind_addr):
+    """(address to bind, interface or None): the pinned interface's address on this host when
+    ``--network-interface`` / ``SPARK_HVD_NETWORK_INTERFACE`` / ``HOROVOD_GLOO_IFACE`` is set
+    (it wins over the launcher's bind address, which cannot know remote hosts' addresses),
+    else ``bind_addr``. A name this host lacks is an error on this rank, naming what it has."""
+    try:
+        pinned = pinned_interface_address()
+    except ValueError as e:
+        raise ValueError(f"spark_hvd.init: rank {rank}: {e}") from None
+    if pinned is None:
+        return bind_addr, None
+    interface, address = pinned
+    return address, interface
+
+
+def _address_hint(peers):
+    """What the ranks advertised, and how to choose the network, for a mesh that did not
+    connect: the usual cause across machines is an address on a network the peers do not
+    share (a management interface that routes to the launcher)."""
+    listed = "; ".join(f"rank {r}: {line.split()[0]}:{line.split()[1]} on {line.split()[2]}"
+                       for r, line in enumerate(peers.splitlines()) if line.strip())
+    return (f"The ranks advertised these addresses: {listed}. A rank advertises its bind "
+            "address or, bound to all interfaces, its address on the route to the launcher. "
+            "Where hosts have several networks, choose the one that connects them with "
+            "--network-interface IF (SPARK_HVD_NETWORK_INTERFACE=IF).")

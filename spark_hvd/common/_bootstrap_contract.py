@@ -47,6 +47,12 @@ BIND_ADDR = "SPARK_HVD_BIND_ADDR"
 # Seconds the ranks wait for each other at start (rendezvous and the core's connections).
 START_TIMEOUT = "SPARK_HVD_START_TIMEOUT"
 
+# The network interface (a name, or a comma list of alternatives) every rank's listener binds
+# to and advertises, resolved on the rank's own host; set by --network-interface, by the Spark
+# configuration, or by the user (HOROVOD_NETWORK_INTERFACE, and Horovod's per-rank
+# HOROVOD_GLOO_IFACE, mean the same). Not a bootstrap variable: unset, ranks choose.
+NETWORK_INTERFACE = "SPARK_HVD_NETWORK_INTERFACE"
+
 # Set for every rank by the launcher; a value inherited from the launcher's own environment is
 # replaced, and spark_hvd.spark.run never forwards the driver's.
 BOOTSTRAP_VARS = (RANK, SIZE, LOCAL_RANK, LOCAL_SIZE, CROSS_RANK, CROSS_SIZE, RENDEZVOUS_ADDR,

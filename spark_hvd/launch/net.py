@@ -5,54 +5,11 @@ from __future__ import annotations
 import functools
 import ipaddress
 import socket
-import struct
-import sys
 
-from spark_hvd.common._network import route_address  # noqa: F401  (re-exported)
+from spark_hvd.common._network import (  # noqa: F401  (re-exported)
+    interface_addresses, interface_ipv4, route_address)
 
 _LOCAL_NAMES = {"localhost", "localhost.localdomain", "ip6-localhost", "ip6-loopback"}
-
-
-def interface_ipv4(name: str) -> str:
-    """Return the IPv4 address of network interface ``name`` (e.g. ``"eth0"``, ``"lo"``).
-
-    Raises ``ValueError`` naming the interfaces that exist when it has none.
-    """
-    addr = _interface_addrs().get(name)
-    if addr is None:
-        known = ", ".join(sorted(_interface_addrs())) or "none found"
-        raise ValueError(f"network interface {name!r} has no IPv4 address "
-                         f"(interfaces with one: {known})")
-    return addr
-
-
-@functools.lru_cache(maxsize=1)
-def _interface_addrs() -> dict[str, str]:
-    """Map interface name -> first IPv4 address."""
-    try:
-        import psutil  # optional: portable beyond Linux
-    except ImportError:
-        psutil = None
-    if psutil is not None:
-        out = {}
-        for name, addrs in psutil.net_if_addrs().items():
-            for a in addrs:
-                if a.family == socket.AF_INET:
-                    out.setdefault(name, a.address)
-        return out
-    if not sys.platform.startswith("linux"):
-        return {}
-    import fcntl
-    siocgifaddr = 0x8915
-    out = {}
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        for _, name in socket.if_nameindex():
-            try:
-                req = struct.pack("256s", name.encode()[:15])
-                out[name] = socket.inet_ntoa(fcntl.ioctl(s.fileno(), siocgifaddr, req)[20:24])
-            except OSError:
-                pass  # interface without an IPv4 address
-    return out
 
 
 @functools.lru_cache(maxsize=1)
@@ -61,7 +18,7 @@ def local_identities() -> frozenset[str]:
     names = set(_LOCAL_NAMES)
     hostname = socket.gethostname()
     names.update({hostname, hostname.split(".")[0], socket.getfqdn()})
-    names.update(_interface_addrs().values())
+    names.update(interface_addresses().values())
     try:
         for info in socket.getaddrinfo(hostname, None):
             names.add(info[4][0])

@@ -80,7 +80,11 @@ def ssh_command(host: str, command: list[str], env: dict[str, str], cwd: str,
     ``env`` is the rank's full environment; only :func:`forwardable_env` of it is put on the
     remote command line. Write the secret, then a newline, to the process's stdin.
     """
-    argv = ["ssh", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=no"]
+    # LogLevel=ERROR drops ssh's "Warning: Permanently added ... to the list of known hosts"
+    # (an INFO message) from every rank's stderr on a first contact; connection, host key and
+    # authentication failures are errors and still show.
+    argv = ["ssh", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=no", "-o",
+            "LogLevel=ERROR"]
     if connect_timeout:
         argv += ["-o", f"ConnectTimeout={max(1, int(connect_timeout))}"]
     if port:

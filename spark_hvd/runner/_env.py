@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 
+from spark_hvd.common._bootstrap_contract import NETWORK_INTERFACE
 from spark_hvd.launch.environment import number as _number
 from spark_hvd.launch.net import is_loopback
 
@@ -46,7 +47,7 @@ def config_env(args: argparse.Namespace) -> dict[str, str]:
         if value is not None:
             env["SPARK_HVD_" + name] = "1" if value else "0"
     if args.network_interface:
-        env["SPARK_HVD_NETWORK_INTERFACE"] = args.network_interface
+        env[NETWORK_INTERFACE] = args.network_interface
     return env
 
 
@@ -58,7 +59,8 @@ def bind_address(host: str, host_is_local: bool, all_local: bool,
     machine in tests. Otherwise the --network-interface address when the launcher can know it
     (the host is this machine); otherwise loopback when the whole job is on this machine (nothing
     outside needs to reach it); otherwise all interfaces. A remote host with --network-interface
-    gets 0.0.0.0 plus SPARK_HVD_NETWORK_INTERFACE and resolves the interface itself.
+    gets 0.0.0.0 plus SPARK_HVD_NETWORK_INTERFACE: each rank resolves the interface on its own
+    host, and that address wins over this one (``common/_bootstrap.py``).
     """
     if is_loopback(host) and ":" not in host:
         return host

@@ -19,6 +19,7 @@ import time
 
 from spark_hvd import __version__
 from spark_hvd.common import _bootstrap_contract as contract
+from spark_hvd.common._network import pinned_interface_address
 from spark_hvd.common._rendezvous import RendezvousServer
 from spark_hvd.common._secret import make_secret, secret_to_env
 from spark_hvd.launch import hosts as _hosts
@@ -60,8 +61,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "is not given")
     p.add_argument("--network-interfaces", "--network-interface", dest="network_interface",
                    metavar="IF[,IF...]",
-                   help="network interface(s) (e.g. eth0) for the job's traffic; the first one "
-                        "is used")
+                   help="network interface(s) (e.g. eth0) for the job's traffic: every rank "
+                        "binds to and advertises its own host's address on the first of them "
+                        "that host has (sets SPARK_HVD_NETWORK_INTERFACE); the rendezvous "
+                        "binds to it too when this machine runs ranks")
     p.add_argument("--config-file", metavar="FILE",
                    help="Horovod's YAML configuration file (params, timeline, stall_check, "
                         "library_options, logging, autotune, controller); flags given on the "
@@ -278,6 +281,25 @@ def plan_hosts(args: argparse.Namespace) -> list[_hosts.SlotInfo]:
     return _hosts.assign_ranks(hosts, np)
 
 
+def launcher_interface_address(args: argparse.Namespace,
+                               slots: list[_hosts.SlotInfo]) -> str | None:
+    """This machine's address on the pinned interface (``--network-interface``, else the
+    launcher's ``SPARK_HVD_NETWORK_INTERFACE`` / ``HOROVOD_GLOO_IFACE``) when this machine
+    runs ranks of the job: the rendezvous listens there, on the network the ranks use.
+
+    None when no interface is pinned, or when the launcher runs outside the job (a login
+    node): the interface names the job hosts' network, which this machine need not be on (an
+    interface of the same name here may be another network); the rendezvous then listens on
+    all interfaces. ``ValueError`` when this machine runs ranks but lacks the interface."""
+    if not any(_net.is_local_host(s.hostname) for s in slots):
+        return None
+    env = dict(os.environ)
+    if args.network_interface:
+        env[contract.NETWORK_INTERFACE] = args.network_interface
+    pinned = pinned_interface_address(env)
+    return pinned[1] if pinned else None
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``spark-hvd-run`` and ``python -m spark_hvd.runner``; returns the exit
     code: 0 when every rank exited 0."""
@@ -318,8 +340,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         slots = plan_hosts(args)
         start_timeout = _start_timeout(args)
-        interface_ip = (_net.interface_ipv4(args.network_interface.split(",")[0].strip())
-                        if args.network_interface else None)
+        interface_ip = launcher_interface_address(args, slots)
         if args.output_filename:
             os.makedirs(args.output_filename, exist_ok=True)
     except (ValueError, OSError) as e:
@@ -355,14 +376,22 @@ class _Job:
         if log_enabled(self.log_threshold, level):
             self.err.write_line(f"{PROG}: {message}\n".encode())
 
-    def _rendezvous_addresses(self) -> tuple[str, str]:
-        """(bind host, address the ranks connect to) of the rendezvous server."""
+    def _rendezvous_addresses(self) -> tuple[str, dict[str, str]]:
+        """(bind host, {host: address its ranks connect to}) of the rendezvous server.
+
+        Bound to all interfaces, the server is reached from each remote host at this
+        machine's address on the route to that host (the way ssh got there): a launcher with
+        several networks (a login node, or a management network beside the data network) has
+        no single address every host can reach. Ranks on this machine use the address that
+        routes to the first remote host, which is also the address they advertise."""
+        hosts = list(self.is_local)
         if self.interface_ip:
-            return self.interface_ip, self.interface_ip
+            return self.interface_ip, dict.fromkeys(hosts, self.interface_ip)
         if self.all_local:
-            return "127.0.0.1", "127.0.0.1"
+            return "127.0.0.1", dict.fromkeys(hosts, "127.0.0.1")
         first_remote = next(h for h, local in self.is_local.items() if not local)
-        return "0.0.0.0", _net.route_address(first_remote)
+        return "0.0.0.0", {h: _net.route_address(first_remote if local else h)
+                           for h, local in self.is_local.items()}
 
     def run(self) -> int:
         secret = make_secret()
@@ -370,17 +399,19 @@ class _Job:
         bind_host, advertised = self._rendezvous_addresses()
         server = RendezvousServer(secret, bind_host=bind_host)
         port = server.start()
-        rendezvous_addr = f"[{advertised}]:{port}" if ":" in advertised else f"{advertised}:{port}"
+        rendezvous_addrs = {h: f"[{a}]:{port}" if ":" in a else f"{a}:{port}"
+                            for h, a in advertised.items()}
         restore = self._install_signal_handlers()
         try:
-            self.log(f"job {job_id}: {len(self.slots)} rank(s), rendezvous at "
-                     f"{rendezvous_addr}", "INFO")
+            self.log(f"job {job_id}: {len(self.slots)} rank(s), rendezvous on {bind_host} port "
+                     f"{port}, reached at {', '.join(sorted(set(rendezvous_addrs.values())))}",
+                     "INFO")
             config = _env.config_env(self.args)
             self.log(f"settings for the ranks: {config or 'none'}; command: "
                      f"{' '.join(self.command)}", "DEBUG")
             for slot in self.slots:
-                if not self._start_rank(slot, rendezvous_addr, secret_to_env(secret), job_id,
-                                        config):
+                if not self._start_rank(slot, rendezvous_addrs[slot.hostname],
+                                        secret_to_env(secret), job_id, config):
                     break
             code = self.supervisor.run()
             self._drain_output()
