@@ -291,7 +291,7 @@ def launcher_interface_address(args: argparse.Namespace,
     node): the interface names the job hosts' network, which this machine need not be on (an
     interface of the same name here may be another network); the rendezvous then listens on
     all interfaces. ``ValueError`` when this machine runs ranks but lacks the interface."""
-    if not any(_net.is_local_host(s.hostname) for s in slots):
+    if not any(_net.is_local_host(host) for host in dict.fromkeys(s.hostname for s in slots)):
         return None
     env = dict(os.environ)
     if args.network_interface:
