@@ -19,7 +19,7 @@ import time
 
 from spark_hvd import __version__
 from spark_hvd.common import _bootstrap_contract as contract
-from spark_hvd.common._network import pinned_interface_address
+from spark_hvd.common._network import interface_setting, pinned_interface_address
 from spark_hvd.common._rendezvous import RendezvousServer
 from spark_hvd.common._secret import make_secret, secret_to_env
 from spark_hvd.launch import hosts as _hosts
@@ -428,9 +428,12 @@ class _Job:
                        secret_hex=secret_hex, job_id=job_id, bind_addr=bind_addr,
                        start_timeout=self.start_timeout, config=config)
         how = "locally" if local else "over ssh"
+        # A pinned interface is resolved by the rank on its host, and wins over bind_addr.
+        pinned = interface_setting(env)
+        bind = f"the host's {','.join(pinned[1])} address" if pinned else bind_addr
         self.log(f"rank {slot.rank} on {host} {how} (local rank {slot.local_rank}/"
                  f"{slot.local_size}, cross rank {slot.cross_rank}/{slot.cross_size}, "
-                 f"bind {bind_addr})", "INFO")
+                 f"bind {bind})", "INFO")
         try:
             proc = spawn(slot.rank, host, self.command, env, os.getcwd(), remote=not local,
                          ssh_port=self.args.ssh_port,

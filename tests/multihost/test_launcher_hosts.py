@@ -125,13 +125,15 @@ def test_unreachable_host_fails_the_launch_within_a_bound(hosts3, case):
 @pytest.mark.timeout(120)
 def test_hosts_by_name_with_the_launcher_on_one_of_them(hosts3):
     """The launcher runs in h0 (its hostname resolves there, as does h1's): h0's ranks start
-    locally, h1's over ssh, and everything meets."""
+    locally, h1's over ssh, and everything meets. With the interface pinned, the launcher,
+    which runs ranks here, binds its rendezvous to h0's address on it too."""
     bed, access, baseline = hosts3
     h0, h1 = bed.hosts[:2]
     done = launch(["-np", "4", "-H", host_list([h0, h1], 2, "hostname"), "-i",
                    access.identity_file, "--start-timeout", "20", "--verbose",
-                   *rank_command()], bed=bed, host=h0)
+                   "--network-interface", "eth0", *rank_command()], bed=bed, host=h0)
     _assert_ranks_in_their_hosts(done, [h0, h1])
+    assert f"rendezvous on {h0.addr} port" in done.stderr, done.stderr
     for rank in (0, 1):
         assert f"rank {rank} on {h0.hostname} locally" in done.stderr, done.stderr
     for rank in (2, 3):
