@@ -14,7 +14,8 @@ bottleneck. Every job has 4 ranks, 2 per host, host-major (ranks 0, 1 on h0):
   hier   spark-hvd-run -np 4 -H h0:2,h1:2 -i <bed key>, HOROVOD_HIERARCHICAL_ALLREDUCE=1
   flat   the same with HOROVOD_HIERARCHICAL_ALLREDUCE=0 (one ring over all 4 ranks)
   mpi    mpirun -H h0:2,h1:2 over ssh with the bed key; btl tcp between the hosts, vader (shared
-         memory) within one; mpi4py comm.Allreduce(IN_PLACE)
+         memory) within one, mpi_yield_when_idle 1 (4 ranks on 2 cores); mpi4py
+         comm.Allreduce(IN_PLACE)
   gloo   torch.distributed gloo, ranks started in their host's namespace, rendezvous on h0
 
 In every job each rank first times float32 allreduces of --sizes (correctness check, warm-up, then
@@ -59,9 +60,9 @@ KiB, MiB = 1 << 10, 1 << 20
 NP, HOSTS = 4, 2
 SYSTEMS = ("hier", "flat", "mpi", "gloo")
 LABEL = {"hier": "hier", "flat": "flat", "mpi": "Open MPI", "gloo": "gloo"}
-WHAT = {"hier": "spark_hvd, HOROVOD_HIERARCHICAL_ALLREDUCE=1", "flat": "spark_hvd, "
-        "HOROVOD_HIERARCHICAL_ALLREDUCE=0 (flat ring)", "mpi": "mpirun, btl tcp + vader",
-        "gloo": "torch.distributed"}
+WHAT = {"hier": "spark_hvd, HOROVOD_HIERARCHICAL_ALLREDUCE=1",
+        "flat": "spark_hvd, HOROVOD_HIERARCHICAL_ALLREDUCE=0 (flat ring)",
+        "mpi": "mpirun, btl tcp + vader, yield when idle", "gloo": "torch.distributed"}
 DEFAULT_SIZES = [MiB, 4 * MiB, 16 * MiB, 64 * MiB, 256 * MiB]
 QUICK_SIZES = [MiB, 16 * MiB]
 
@@ -232,6 +233,9 @@ def commands(system, bed, access, plan_json, args):
                  "--oversubscribe", "--bind-to", "none", "--mca", "plm_rsh_args", ssh,
                  "--mca", "btl", "tcp,self,vader", "--mca", "btl_tcp_if_include", subnet,
                  "--mca", "oob_tcp_if_include", subnet,
+                 # 4 ranks share the machine's 2 cores, but each host has 2 slots, so Open MPI
+                 # does not know it is oversubscribed and busy-polls: 3-10x slower here.
+                 "--mca", "mpi_yield_when_idle", "1", *args.mpirun_args,
                  "-x", "PYTHONPATH", "-x", "OMP_NUM_THREADS", "-x", "PYTHONUNBUFFERED"] + me],\
             job_env(), None
     if system == "gloo":
@@ -416,7 +420,7 @@ def report(stats, runs, plan, args, started):
             "hierarchical" in meta else ""
         if s in ("hier", "flat") and meta.get("core"):
             extra += f", core {meta['core']}"
-        out.append(f"  {LABEL[s]}: {WHAT[s]} {meta.get('version', '?')}{extra}" +
+        out.append(f"  {LABEL[s]}: {WHAT[s]}, {meta.get('version', '?')}{extra}" +
                    (f"  [FAILED: {'; '.join(st['errors'])}]" if st["errors"] else ""))
     out.append("")
     headers = ["size"] + [f"{LABEL[s]} GB/s" for s in systems]
@@ -498,6 +502,8 @@ def main(argv=None):
     p.add_argument("--systems", default=",".join(SYSTEMS),
                    help="comma-separated subset of " + ",".join(SYSTEMS))
     p.add_argument("--no-train", action="store_true", help="skip the training step")
+    p.add_argument("--mpirun-arg", dest="mpirun_args", action="append", default=[],
+                   help="extra mpirun argument (repeatable), e.g. --mpirun-arg=--mca ...")
     p.add_argument("--timeout", type=float, default=0,
                    help="seconds one job may run (default 400, 120 with --quick)")
     p.add_argument("--json", metavar="FILE", help="also write every record to FILE")
