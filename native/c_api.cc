@@ -294,6 +294,9 @@ int32_t shvd_init(const shvd_init_options* o) {
       eo.shm_group.single_copy_min_bytes = uint64_t(o->shm_single_copy_min_bytes);
     eo.shm_group.arenas = o->shm_arenas != 0;
     eo.shm_negotiation = o->shm_negotiation != 0;
+    eo.hierarchical_allreduce = o->hierarchical_allreduce;
+    eo.hierarchical_allgather = o->hierarchical_allgather;
+    for (const PeerAddress& p : mo.peers) eo.host_ids.push_back(p.host_id);
     const int32_t* ranks = o->process_set_ranks;
     for (int i = 0; i < o->num_process_sets; ++i) {
       eo.static_process_sets.emplace_back(ranks, ranks + o->process_set_sizes[i]);

@@ -279,7 +279,7 @@ def test_default_log_level_is_quiet():
 # -- HOROVOD_* variables ---------------------------------------------------------------------------
 
 WARN_ENV = {"HOROVOD_AUTOTUNE": "1", "HOROVOD_THREAD_AFFINITY": "0,1",
-            "HOROVOD_HIERARCHICAL_ALLREDUCE": "0",  # what spark_hvd does anyway: no warning
+            "HOROVOD_HIERARCHICAL_ALLREDUCE": "0",  # honoured: no warning
             "HOROVOD_CONTROLLER": "gloo",  # likewise
             "HOROVOD_MPI_THREADS_DISABLE": "1",  # no effect, said in the table: no warning
             "HOROVOD_FUSION_THRESHOLD": "1048576"}  # honoured
@@ -305,17 +305,17 @@ def test_unsupported_variables_warned_once_per_process():
 @pytest.mark.timeout(60)
 def test_warnings_follow_the_log_level():
     """At log level ERROR neither the ranks' warnings nor the launcher's notes appear; the
-    launcher's --hierarchical-allreduce makes the ranks warn that it has no effect yet."""
+    launcher's --torus-allreduce makes the ranks warn that it has no effect."""
     r = run_job(2, "horovod_api", "env_warnings", transport="shm",
                 env={**WARN_ENV, "HOROVOD_LOG_LEVEL": "ERROR"}, launcher_args=["--autotune"],
                 timeout=50)
     assert r.returncode == 0, r.describe()
     assert "WARNING" not in r.stderr and "autotuning" not in r.stderr, r.describe()
     r = run_job(2, "horovod_api", "env_warnings", transport="shm",
-                launcher_args=["--hierarchical-allreduce"], timeout=50)
+                launcher_args=["--torus-allreduce"], timeout=50)
     assert r.returncode == 0, r.describe()
     for rank in range(2):
-        assert any("SPARK_HVD_HIERARCHICAL_ALLREDUCE=1 is set but hierarchical" in line
+        assert any("SPARK_HVD_TORUS_ALLREDUCE=1 is set but torus" in line
                    for line in r.lines(rank, "stderr")), r.describe()
 
 

@@ -11,12 +11,6 @@
 
 namespace shvd {
 
-static std::vector<size_t> even_blocks(size_t count, int n) {
-  std::vector<size_t> counts(n, count / n);
-  for (size_t i = 0; i < count % n; ++i) counts[i] += 1;
-  return counts;
-}
-
 void allreduce_ring(const Communicator& comm, void* buf, size_t count, DataType dtype,
                     ReduceOp op, Scratch& scratch) {
   const int n = comm.size;

@@ -19,6 +19,12 @@ std::vector<size_t> prefix_offsets(const std::vector<size_t>& sizes) {
   return offsets;
 }
 
+std::vector<size_t> even_blocks(size_t count, int n) {
+  std::vector<size_t> counts(n, count / n);
+  for (size_t i = 0; i < count % n; ++i) counts[i] += 1;
+  return counts;
+}
+
 // Segment size for overlapping reduction with transfer: small enough to stay in L2 while the
 // next segment arrives, large enough to amortise the loop.
 static constexpr size_t kReduceSegmentBytes = 128 * 1024;

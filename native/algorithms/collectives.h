@@ -8,6 +8,7 @@
 //   allreduce_shm_single_copy.cc    one host: reading the peers' tensors (process_vm_readv)
 //   allreduce_shm_arena.cc          one host: in place in shared arenas
 //   allgather_ring.cc, broadcast_tree.cc, alltoall_pairwise.cc, reducescatter_ring.cc
+//   hierarchical.{h,cc}             sets spanning hosts: within each host, then across hosts
 // and what they share: collective_helpers.cc (scratch, offsets, the pipelined
 // send-receive-reduce step), reduce_kernels.{h,cc} (element-wise reduction per dtype and op),
 // shared_memory_group.{h,cc} with shared_memory_group_internal.h (the one-host group the shm_*
@@ -19,6 +20,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "../common/types.h"
@@ -27,6 +29,7 @@
 namespace shvd {
 
 class SharedMemoryGroup;
+struct Hierarchy;
 
 // The members of one process set and the data links between them.
 struct Communicator {
@@ -36,6 +39,9 @@ struct Communicator {
   std::vector<int> global_ranks; // member index -> global rank (for error messages)
   // Set when every member shares this host: allreduce then runs through one shared segment.
   SharedMemoryGroup* shm_group = nullptr;
+  // Set when the members sit on several hosts with the same number (> 1) on each: the
+  // sub-communicators of the hierarchical algorithms (hierarchical.h).
+  const Hierarchy* hierarchy = nullptr;
 
   Link* link(int member) const { return links[member]; }
 };
@@ -56,6 +62,10 @@ struct TensorSpan {
   void* out;
   size_t count;
 };
+
+// Marks the beginning (true) and the end (false) of a named step inside an algorithm, for the
+// timeline; empty when nothing records.
+using StepMarker = std::function<void(const char* step, bool begin)>;
 
 // Messages at or below this many bytes use recursive doubling (latency-bound); above it the ring
 // (bandwidth-bound), see dispatch.cc. Overridable with SPARK_HVD_RING_THRESHOLD.
@@ -81,6 +91,10 @@ void reducescatter_ring(const Communicator& comm, void* buf, const std::vector<s
 // out holds every member's block back to back (bytes[i] from member i); my block must already
 // be at its place in `out`.
 void allgather_ring(const Communicator& comm, void* out, const std::vector<size_t>& bytes);
+// The same with each member's block at its own offset in `base` (offsets[i], bytes[i] from
+// member i), in any order and with gaps between them.
+void allgather_ring_at(const Communicator& comm, void* base, const std::vector<size_t>& offsets,
+                       const std::vector<size_t>& bytes);
 
 // Binomial-tree broadcast of `bytes` from member `root`.
 void broadcast_tree(const Communicator& comm, void* buf, size_t bytes, int root);
@@ -93,6 +107,8 @@ void alltoall_pairwise(const Communicator& comm, const void* in,
 
 // Helpers shared by the algorithm files.
 std::vector<size_t> prefix_offsets(const std::vector<size_t>& sizes);
+// `count` split into `n` blocks as evenly as possible (the first count % n one larger).
+std::vector<size_t> even_blocks(size_t count, int n);
 // Sends `sn` bytes to `to` while receiving `rn` bytes from `from` into `scratch_in` and reducing
 // them into `dst` segment by segment as they arrive, so the transfer overlaps the arithmetic.
 void send_recv_reduce(Link* to, const void* sbuf, size_t sn, Link* from, void* dst,

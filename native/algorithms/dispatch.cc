@@ -6,6 +6,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "hierarchical.h"
 #include "reduce_kernels.h"
 #include "shared_memory_group.h"
 
@@ -54,6 +55,17 @@ bool latency_bound(const CollectiveCase& c) {
   return c.bytes() <= c.ring_threshold_bytes || c.count < size_t(c.comm->size);
 }
 
+// The members sit on several hosts, as many on each (comm->hierarchy), and the setting does
+// not turn it off. Automatic allreduce leaves latency-bound ones to recursive doubling, which
+// takes fewer steps.
+bool hierarchical_allreduce(const CollectiveCase& c) {
+  return c.comm->hierarchy && c.hierarchical != 0 && (c.hierarchical == 1 || !latency_bound(c));
+}
+// Allgather also needs each host's members consecutive in the set.
+bool hierarchical_allgather(const CollectiveCase& c) {
+  return c.comm->hierarchy && c.comm->hierarchy->hosts_contiguous && c.hierarchical != 0;
+}
+
 // ---------------------------------------------------------------------------------------------
 // Adapters. A kBuffer allreduce of zero elements exchanges nothing.
 
@@ -99,6 +111,16 @@ bool run_ring(const CollectiveCall& k) {
   return true;
 }
 
+bool run_hierarchical_allreduce(const CollectiveCall& k) {
+  allreduce_hierarchical(k.comm, buffer(k).out, buffer(k).count, k.dtype, k.reduce_op,
+                         k.ring_threshold_bytes, k.scratch, k.step);
+  return true;
+}
+bool run_hierarchical_allgather(const CollectiveCall& k) {
+  allgather_hierarchical(k.comm, k.tensors[0].out, k.blocks, k.step);
+  return true;
+}
+
 bool run_allgather_ring(const CollectiveCall& k) {
   allgather_ring(k.comm, k.tensors[0].out, k.blocks);
   return true;
@@ -121,11 +143,7 @@ bool run_reducescatter_ring(const CollectiveCall& k) {
 //
 // Adding an algorithm is adding a row (and its file). NCCL allreduce would be
 //   {OpType::kAllreduce, "NCCL_ALLREDUCE", on_gpu, Staging::kBuffer, run_nccl_allreduce},
-// placed first, with CollectiveCase telling where the tensors live for `on_gpu`; hierarchical
-// allreduce (within each host through its shared-memory group, across hosts over the links)
-//   {OpType::kAllreduce, "HIERARCHICAL_ALLREDUCE", spans_hosts_in_groups, Staging::kBuffer,
-//    run_hierarchical_allreduce},
-// placed above recursive doubling, with the communicator telling how its members sit on hosts.
+// placed first, with CollectiveCase telling where the tensors live for `on_gpu`.
 constexpr Algorithm kAlgorithms[] = {
     {OpType::kAllreduce, "LOCAL_ALLREDUCE", alone, Staging::kTensors, run_local_allreduce},
     // One host, each tensor read and written where it lies. The arena path (every member's
@@ -142,9 +160,14 @@ constexpr Algorithm kAlgorithms[] = {
     {OpType::kAllreduce, "SHM_SINGLE_COPY_ALLREDUCE", single_copy_buffer, Staging::kBuffer,
      run_shm_single_copy},
     {OpType::kAllreduce, "SHM_ALLREDUCE", on_one_host, Staging::kBuffer, run_shm_slots},
+    // Several hosts (hierarchical.h).
+    {OpType::kAllreduce, "HIERARCHICAL_ALLREDUCE", hierarchical_allreduce, Staging::kBuffer,
+     run_hierarchical_allreduce},
     {OpType::kAllreduce, "RECURSIVE_DOUBLING_ALLREDUCE", latency_bound, Staging::kBuffer,
      run_recursive_doubling},
     {OpType::kAllreduce, "RING_ALLREDUCE", always, Staging::kBuffer, run_ring},
+    {OpType::kAllgather, "HIERARCHICAL_ALLGATHER", hierarchical_allgather, Staging::kBuffer,
+     run_hierarchical_allgather},
     {OpType::kAllgather, "RING_ALLGATHER", always, Staging::kBuffer, run_allgather_ring},
     {OpType::kBroadcast, "TREE_BROADCAST", always, Staging::kBuffer, run_broadcast_tree},
     {OpType::kAlltoall, "PAIRWISE_ALLTOALL", always, Staging::kBuffer, run_alltoall_pairwise},

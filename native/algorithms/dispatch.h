@@ -41,6 +41,11 @@ struct CollectiveCase {
   bool complete = true;
   bool prescaled = false;  // the response has a prescale factor other than 1
   size_t ring_threshold_bytes = kDefaultRingThresholdBytes;
+  // Hierarchical algorithms for this op where the set spans hosts (comm->hierarchy): 1 always,
+  // 0 never, -1 automatic (allreduce: when bandwidth-bound; allgather: always). The engine
+  // copies it from its settings for every response, so a change between cycles (the same on
+  // every rank) takes effect with the next response.
+  int hierarchical = -1;
 
   size_t bytes() const { return count * dtype_size(dtype); }
 };
@@ -65,6 +70,8 @@ struct CollectiveCall {
   std::vector<size_t> recv_blocks;
   int root = 0;
   double prescale = 1.0, postscale = 1.0;  // Staging::kTensors only
+  size_t ring_threshold_bytes = kDefaultRingThresholdBytes;
+  StepMarker step;  // names an algorithm's steps in the timeline (empty: not recording)
 
   CollectiveCall(const Communicator& c, Scratch& s) : comm(c), scratch(s) {}
 };

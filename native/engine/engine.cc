@@ -164,6 +164,19 @@ const Communicator& Engine::communicator(int process_set) {
     c.shm_group = group.get();
     shm_groups_[process_set] = std::move(group);
   }
+  if (c.rank >= 0 && options_.host_ids.size() == size_t(options_.size)) {
+    std::vector<std::string> member_hosts;
+    for (int g : c.global_ranks) member_hosts.push_back(options_.host_ids[g]);
+    auto hierarchy = Hierarchy::build(c, member_hosts);
+    c.hierarchy = hierarchy.get();
+    if (hierarchy) hierarchies_[process_set] = std::move(hierarchy);
+    else if (c.rank == 0 && (options_.hierarchical_allreduce == 1 ||
+                             options_.hierarchical_allgather == 1) &&
+             std::count(member_hosts.begin(), member_hosts.end(), member_hosts[0]) != c.size)
+      log_message(LogLevel::kInfo,
+                  "process set %d spans hosts with different numbers of its ranks: its "
+                  "collectives run flat, not hierarchical", process_set);
+  }
   return communicators_.emplace(process_set, std::move(c)).first->second;
 }
 
@@ -632,6 +645,7 @@ void Engine::abort_job(const std::string& why) {
   mesh_.control.clear();
   communicators_.clear();
   shm_groups_.clear();
+  hierarchies_.clear();
   finished_ = true;
 }
 
@@ -656,6 +670,7 @@ void Engine::execute_response(const Response& resp) {
         sets_.remove(resp.root);
         communicators_.erase(resp.root);
         shm_groups_.erase(resp.root);
+        hierarchies_.erase(resp.root);
         id = resp.root;
       }
     }

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "../algorithms/collectives.h"
+#include "../algorithms/hierarchical.h"
 #include "../algorithms/shared_memory_group.h"
 #include "../controller/coordinator.h"
 #include "../controller/message.h"
@@ -42,6 +43,14 @@ struct EngineOptions {
   CoordinatorOptions coordinator;
   size_t ring_threshold_bytes = kDefaultRingThresholdBytes;
   SharedMemoryGroup::Settings shm_group;  // used as rank 0's
+  // Host id of every rank (the rendezvous'): members with equal ids share a machine. Empty for a
+  // job of one.
+  std::vector<std::string> host_ids;
+  // Hierarchical allreduce / allgather on sets that span hosts (algorithms/hierarchical.h): 1
+  // always, 0 never, -1 automatic. Read for every response (execute.cc), so the engine thread
+  // may change them between cycles, every rank at the same point (autotuning does).
+  int hierarchical_allreduce = -1;
+  int hierarchical_allgather = -1;
   std::vector<std::vector<int>> static_process_sets;
   std::string job_id = "job";
   // After activity the engine polls for this long before sleeping: back-to-back collectives
@@ -146,6 +155,7 @@ class Engine {
   std::map<int, Communicator> communicators_;
   std::vector<std::string> control_inbox_;  // per peer: bytes of a partially received frame
   std::map<int, std::unique_ptr<SharedMemoryGroup>> shm_groups_;
+  std::map<int, std::unique_ptr<Hierarchy>> hierarchies_;  // sets spanning hosts
   std::unique_ptr<NegotiationBoard> board_;
   uint64_t board_read_ = 0;                // log entries this rank executed
   size_t board_fusion_bytes_ = 0;          // rank 0's fusion threshold (every rank alike)

@@ -47,9 +47,15 @@ double final_scale(const Response& r, int set_size) {
   return f;
 }
 
-// What the dispatcher's rules look at, for response `r` of `count` elements on `comm`.
-CollectiveCase collective_case(const Response& r, const Communicator& comm, size_t count) {
+// What the dispatcher's rules look at, for response `r` of `count` elements on `comm`, with the
+// engine's settings `o` as they are now.
+CollectiveCase collective_case(const Response& r, const Communicator& comm, size_t count,
+                               const EngineOptions& o) {
   CollectiveCase c;
+  c.ring_threshold_bytes = o.ring_threshold_bytes;
+  c.hierarchical = r.op == OpType::kAllreduce   ? o.hierarchical_allreduce
+                   : r.op == OpType::kAllgather ? o.hierarchical_allgather
+                                                : 0;
   c.op = r.op;
   c.comm = &comm;
   c.dtype = r.dtype;
@@ -70,10 +76,22 @@ void run_and_name(Timeline& tl, const std::vector<std::string>& names, const Col
   phase(tl, names, ran.name, [] {});
 }
 
+// What `call` takes from `c`; an algorithm's steps become phases of the response's tensors
+// while the timeline records.
+void prepare_call(Timeline& tl, const Response& r, const CollectiveCase& c,
+                  CollectiveCall& call) {
+  call.ring_threshold_bytes = c.ring_threshold_bytes;
+  if (tl.active())
+    call.step = [&tl, &r](const char* step, bool begin) {
+      for (const auto& n : r.names) begin ? tl.begin(n, step) : tl.end(n, step);
+    };
+}
+
 // The collectives other than allreduce have one tensor each: the engine lays out the buffers,
 // the chosen algorithm runs inside the op's phase.
 void run_collective(Timeline& tl, const Response& r, const CollectiveCase& c,
                     CollectiveCall& call) {
+  prepare_call(tl, r, c, call);
   call.dtype = r.dtype;
   call.reduce_op = r.reduce_op;
   call.root = r.root;
@@ -92,11 +110,11 @@ void Engine::run_allreduce(const Response& r, std::vector<Entry*>& entries,
     counts.push_back(size_t(num_elements(s)));
     total += counts.back();
   }
-  CollectiveCase c = collective_case(r, comm, total);
-  c.ring_threshold_bytes = options_.ring_threshold_bytes;
+  CollectiveCase c = collective_case(r, comm, total, options_);
   for (Entry* e : entries) c.complete = c.complete && e;
   const Algorithm& algo = choose_algorithm(c);
   CollectiveCall call(comm, scratch_);
+  prepare_call(timeline_, r, c, call);
   call.dtype = r.dtype;
   call.reduce_op = r.reduce_op;
   const double post = final_scale(r, comm.size);
@@ -169,7 +187,7 @@ void Engine::run_allgather(const Response& r, Entry& e, const Communicator& comm
   const size_t mine = call.blocks[comm.rank];
   if (mine) std::memcpy(out.output.data() + my_offset, e.input, mine);
   call.tensors = {{nullptr, out.output.data(), out.output.size() / dtype_size(r.dtype)}};
-  run_collective(timeline_, r, collective_case(r, comm, call.tensors[0].count), call);
+  run_collective(timeline_, r, collective_case(r, comm, call.tensors[0].count, options_), call);
 }
 
 void Engine::run_broadcast(const Response& r, Entry& e, const Communicator& comm) {
@@ -178,7 +196,7 @@ void Engine::run_broadcast(const Response& r, Entry& e, const Communicator& comm
     std::memcpy(e.output, e.input, count * dtype_size(r.dtype));
   CollectiveCall call(comm, scratch_);
   call.tensors = {{e.output, e.output, count}};
-  run_collective(timeline_, r, collective_case(r, comm, count), call);
+  run_collective(timeline_, r, collective_case(r, comm, count, options_), call);
 }
 
 void Engine::run_alltoall(const Response& r, Entry& e, const Communicator& comm) {
@@ -203,7 +221,7 @@ void Engine::run_alltoall(const Response& r, Entry& e, const Communicator& comm)
   out.output_shape[0] = rows;
   const size_t count = size_t(num_elements(shape));
   call.tensors = {{e.input, out.output.data(), count}};
-  run_collective(timeline_, r, collective_case(r, comm, count), call);
+  run_collective(timeline_, r, collective_case(r, comm, count, options_), call);
 }
 
 void Engine::run_reducescatter(const Response& r, Entry& e, const Communicator& comm) {
@@ -226,7 +244,7 @@ void Engine::run_reducescatter(const Response& r, Entry& e, const Communicator& 
   CollectiveCall call(comm, scratch_);
   call.tensors = {{buf, buf, total}};
   call.blocks = counts;
-  run_collective(timeline_, r, collective_case(r, comm, total), call);
+  run_collective(timeline_, r, collective_case(r, comm, total, options_), call);
   size_t offset = 0;
   for (int i = 0; i < comm.rank; ++i) offset += counts[i];
   HandleState& out = *e.state;

@@ -93,6 +93,10 @@ typedef struct {
   /* 1: when every rank shares one host, agree on cached allreduces through shared memory
    * instead of the coordinator (rank 0's value applies to every rank); 0: never. */
   int32_t shm_negotiation;
+  /* Hierarchical allreduce / allgather on process sets that span hosts with as many ranks on
+   * each: 1 always, 0 never, -1 automatic (allreduce when bandwidth-bound, allgather always). */
+  int32_t hierarchical_allreduce;
+  int32_t hierarchical_allgather;
 } shvd_init_options;
 
 enum {

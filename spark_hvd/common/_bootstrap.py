@@ -217,7 +217,9 @@ def start(config, comm=None, process_sets=(), rendezvous=None, placement=None, s
                                    else config.shm_single_copy_min_bytes),
         shm_arenas=1 if config.shared_gradients else 0,
         shm_pipe_bytes=config.shm_pipe_bytes,
-        shm_negotiation=1 if config.shm_negotiation else 0)
+        shm_negotiation=1 if config.shm_negotiation else 0,
+        hierarchical_allreduce=config.hierarchical_allreduce,
+        hierarchical_allgather=config.hierarchical_allgather)
     try:
         check(lib.shvd_init(opts))
     except HorovodInternalError as e:

@@ -42,6 +42,11 @@ def env_flag(name, default=False):
     return value.strip().lower() in ("1", "true", "yes", "on")
 
 
+def env_switch(name):
+    """1 or 0 for a flag set true or false, -1 (automatic) when it is not set."""
+    return -1 if env(name) is None else int(env_flag(name))
+
+
 # SPARK_HVD_OVERLAP: run collectives while the training thread still submits (1), or collect a
 # step's ops until a result is awaited (0, best when ranks outnumber half the CPUs), or decide
 # from the host (auto).
@@ -71,10 +76,10 @@ class Config:
         self.timeline = "" if self.timeline_dynamic else timeline
         self.timeline_mark_cycles = env_flag("TIMELINE_MARK_CYCLES")
         self.dynamic_process_sets = env_flag("DYNAMIC_PROCESS_SETS")
-        # Accepted for Horovod's launcher flags; no effect until hierarchical collectives exist
-        # (warn_unsupported_env says so when they are on).
-        self.hierarchical_allreduce = env_flag("HIERARCHICAL_ALLREDUCE")
-        self.hierarchical_allgather = env_flag("HIERARCHICAL_ALLGATHER")
+        # Hierarchical collectives on sets that span hosts: 1 forces them on, 0 off, unset -1
+        # lets the core choose (see the README's "Hierarchical collectives").
+        self.hierarchical_allreduce = env_switch("HIERARCHICAL_ALLREDUCE")
+        self.hierarchical_allgather = env_switch("HIERARCHICAL_ALLGATHER")
         self.log_level = log_level()
         self.shared_memory = not env_flag("SHM_DISABLE")
         # Shared-memory allreduce tuning; 0 and None leave the core's defaults.
@@ -194,8 +199,8 @@ _OUR_TRANSPORT = ("spark_hvd always uses its own TCP/shared-memory transport (Ho
                   "available")
 _AUTOTUNE = ("spark_hvd does not implement autotuning yet; set the fusion threshold and cycle "
              "time yourself (HOROVOD_FUSION_THRESHOLD, HOROVOD_CYCLE_TIME)")
-_HIERARCHICAL = ("hierarchical and torus collectives are not implemented yet; collectives run "
-                 "flat over all ranks (shared memory between the ranks of a host)")
+_TORUS = ("torus allreduce is not implemented; HOROVOD_HIERARCHICAL_ALLREDUCE gives the "
+          "same two-level allreduce (within each host, then across hosts)")
 _ELASTIC = ("elastic training is not implemented yet; run a fixed-size job and restart it from "
             "a checkpoint when a rank fails")
 
@@ -222,6 +227,10 @@ HOROVOD_VARIABLES = {
     "LOG_LEVEL": HorovodVariable(HONOURED, "level of the launcher's, the Python side's and the "
                                  "native core's messages"),
     "SPARK_START_TIMEOUT": HorovodVariable(HONOURED, "spark_hvd.spark.run's start timeout"),
+    "HIERARCHICAL_ALLREDUCE": HorovodVariable(HONOURED, "1 / 0 force hierarchical allreduce on "
+                                              "/ off where a set spans hosts; unset: automatic"),
+    "HIERARCHICAL_ALLGATHER": HorovodVariable(HONOURED, "1 / 0 force hierarchical allgather on "
+                                              "/ off where a set spans hosts; unset: automatic"),
     # Nothing to do in spark_hvd: said why, no warning.
     "LOG_HIDE_TIME": HorovodVariable(NO_EFFECT, "spark_hvd's log lines carry no time stamp "
                                      "(the launcher's --prefix-timestamp adds one)"),
@@ -242,9 +251,7 @@ HOROVOD_VARIABLES = {
     "AUTOTUNE_STEPS_PER_SAMPLE": HorovodVariable(WARNED, _AUTOTUNE),
     "AUTOTUNE_BAYES_OPT_MAX_SAMPLES": HorovodVariable(WARNED, _AUTOTUNE),
     "AUTOTUNE_GAUSSIAN_PROCESS_NOISE": HorovodVariable(WARNED, _AUTOTUNE),
-    "HIERARCHICAL_ALLREDUCE": HorovodVariable(WARNED, _HIERARCHICAL, flag=True),
-    "HIERARCHICAL_ALLGATHER": HorovodVariable(WARNED, _HIERARCHICAL, flag=True),
-    "TORUS_ALLREDUCE": HorovodVariable(WARNED, _HIERARCHICAL, flag=True),
+    "TORUS_ALLREDUCE": HorovodVariable(WARNED, _TORUS, flag=True),
     "ELASTIC": HorovodVariable(WARNED, _ELASTIC, flag=True),
     "ELASTIC_TIMEOUT": HorovodVariable(WARNED, _ELASTIC),
     "THREAD_AFFINITY": HorovodVariable(WARNED, "pinning the background thread to cores is not "

@@ -41,6 +41,8 @@ class InitOptions(ctypes.Structure):
         ("shm_arenas", ctypes.c_int32),
         ("shm_pipe_bytes", ctypes.c_int64),
         ("shm_negotiation", ctypes.c_int32),
+        ("hierarchical_allreduce", ctypes.c_int32),
+        ("hierarchical_allgather", ctypes.c_int32),
     ]
 
 

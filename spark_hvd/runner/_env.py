@@ -38,7 +38,7 @@ def config_env(args: argparse.Namespace) -> dict[str, str]:
     elif args.cache_capacity is not None:
         env["SPARK_HVD_CACHE_CAPACITY"] = str(args.cache_capacity)
     # Switches with a --no- form: set either way when given, so they override the environment.
-    # The hierarchical and torus ones have no effect yet; the ranks warn when they are on.
+    # The torus one has no effect; the ranks warn when it is on.
     for flag, name in (("timeline_mark_cycles", "TIMELINE_MARK_CYCLES"),
                        ("hierarchical_allreduce", "HIERARCHICAL_ALLREDUCE"),
                        ("hierarchical_allgather", "HIERARCHICAL_ALLGATHER"),

@@ -112,8 +112,9 @@ def build_parser() -> argparse.ArgumentParser:
     for op in ("allreduce", "allgather"):
         group = tuning.add_mutually_exclusive_group()
         group.add_argument(f"--hierarchical-{op}", action="store_true", default=None,
-                           help=f"Horovod's hierarchical {op}: accepted, but currently no "
-                                "effect (collectives run flat until hierarchical ones land)")
+                           help=f"hierarchical {op} (within each host, then across hosts) "
+                                "wherever a process set spans hosts; --no-hierarchical-"
+                                f"{op}: never; neither: automatic")
         group.add_argument(f"--no-hierarchical-{op}", dest=f"hierarchical_{op}",
                            action="store_false")
     torus = tuning.add_mutually_exclusive_group()

@@ -1,0 +1,99 @@
+"""Hierarchical allreduce and allgather (native/algorithms/hierarchical.h) on two simulated
+hosts (ranks on 127.0.0.1 and 127.0.0.2: distinct host ids, TCP between them, shared memory
+within each), through the real launcher: exact results, bitwise equal on every rank, with the
+setting forced on, off or left automatic, and the flat fallback where hosts hold different
+numbers of ranks. Rank 0's timeline names the path and its steps."""
+
+import pytest
+
+from conftest import load_timeline, run_job
+
+HIERARCHICAL = ("HIERARCHICAL_ALLREDUCE", "HIERARCHICAL_ALLGATHER")
+ALLREDUCE_STEPS = ["INTRA_HOST_REDUCESCATTER", "CROSS_HOST_ALLREDUCE", "INTRA_HOST_ALLGATHER"]
+ALLGATHER_STEPS = ["INTRA_HOST_ALLGATHER", "CROSS_HOST_ALLGATHER", "INTRA_HOST_SHARE"]
+
+
+def _begun(timeline):
+    """{tensor: [phase begun, ...]} in the order rank 0 recorded them."""
+    return {t: [p for ph, p in seq if ph == "B"] for t, seq in load_timeline(timeline).items()}
+
+
+def _path(phases):
+    """The algorithm that ran: the engine names it after the op's steps."""
+    names = [p for p in phases if p.endswith(("_ALLREDUCE", "_ALLGATHER"))
+             and p not in ALLREDUCE_STEPS + ALLGATHER_STEPS]
+    return names[-1] if names else None
+
+
+@pytest.mark.timeout(300)
+def test_every_collective_forced_on(tmp_path):
+    """The whole collectives matrix (every dtype, op, prescale/postscale, fused groups,
+    uneven allgather, 8M-element cases, static subsets) on 2 hosts x 2 ranks with both settings
+    forced on: correct and bitwise identical everywhere (the worker compares digests); the
+    global set's allreduces and allgathers ran hierarchical with their three steps in order,
+    the subsets (2 + 1 ranks) flat."""
+    timeline = tmp_path / "timeline.json"
+    r = run_job(4, "collectives", "--sets", "static", "--large", transport="hosts",
+                env={"HOROVOD_HIERARCHICAL_ALLREDUCE": "1", "SPARK_HVD_HIERARCHICAL_ALLGATHER": "1",
+                     "SPARK_HVD_TIMELINE": timeline}, timeout=280)
+    r.assert_ok(4)
+    begun = _begun(timeline)
+    ar = begun["global/large/ar_f32"]
+    assert _path(ar) == "HIERARCHICAL_ALLREDUCE", ar
+    assert [p for p in ar if p in ALLREDUCE_STEPS] == ALLREDUCE_STEPS, ar
+    ag = begun["global/large/ag"]
+    assert _path(ag) == "HIERARCHICAL_ALLGATHER", ag
+    assert [p for p in ag if p in ALLGATHER_STEPS] == ALLGATHER_STEPS, ag
+    subset_paths = {_path(seq) for t, seq in begun.items() if t.startswith("set")}
+    assert not subset_paths & set(HIERARCHICAL), subset_paths
+
+
+# How each setting is given: launcher flags, Horovod's variables, nothing.
+MODES = {"on": ({}, ["--hierarchical-allreduce", "--hierarchical-allgather"]),
+         "off": ({"HOROVOD_HIERARCHICAL_ALLREDUCE": "0", "HOROVOD_HIERARCHICAL_ALLGATHER": "0"},
+                 []),
+         "auto": ({}, [])}
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("mode", list(MODES))
+def test_settings(tmp_path, mode):
+    """Sum, Max and Average with prescale/postscale from 1 element to 16 MiB, 20 fused small
+    tensors and an allgather, exact and bitwise equal on 4 ranks over 2 hosts, under each
+    setting. On: every allreduce and the allgather hierarchical. Off: none. Automatic: the
+    latency-bound allreduces by recursive doubling, the rest and the allgather
+    hierarchical."""
+    env, flags = MODES[mode]
+    timeline = tmp_path / "timeline.json"
+    r = run_job(4, "hierarchical", "check", transport="hosts", launcher_args=flags,
+                env={**env, "SPARK_HVD_TIMELINE": timeline}, timeout=180)
+    r.assert_ok(4)
+    paths = {t: _path(seq) for t, seq in _begun(timeline).items()}
+    small, large = paths["sum_3"], paths["sum_4194305"]
+    fused, gather = paths["fused_0"], paths["gather"]
+    if mode == "on":
+        assert (small, large, fused, gather) == ("HIERARCHICAL_ALLREDUCE",) * 3 + (
+            "HIERARCHICAL_ALLGATHER",), paths
+    elif mode == "off":
+        assert not set(paths.values()) & set(HIERARCHICAL), paths
+        assert large == "RING_ALLREDUCE" and gather == "RING_ALLGATHER", paths
+    else:
+        assert (small, large, gather) == ("RECURSIVE_DOUBLING_ALLREDUCE",
+                                          "HIERARCHICAL_ALLREDUCE",
+                                          "HIERARCHICAL_ALLGATHER"), paths
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("hosts", ["127.0.0.1:3,127.0.0.2:1", "127.0.0.1:2,127.0.0.2:1"])
+def test_uneven_hosts_run_flat(tmp_path, hosts):
+    """Hosts with different numbers of ranks (3 + 1, 2 + 1) and the setting forced on: the
+    same exact, bitwise equal results through the flat algorithms."""
+    np_ = sum(int(h.rsplit(":", 1)[1]) for h in hosts.split(","))
+    timeline = tmp_path / "timeline.json"
+    r = run_job(np_, "hierarchical", "check", hosts=hosts,
+                env={"HOROVOD_HIERARCHICAL_ALLREDUCE": "1", "HOROVOD_HIERARCHICAL_ALLGATHER": "1",
+                     "SPARK_HVD_TIMELINE": timeline}, timeout=180)
+    r.assert_ok(np_)
+    paths = {t: _path(seq) for t, seq in _begun(timeline).items()}
+    assert not set(paths.values()) & set(HIERARCHICAL), paths
+    assert paths["sum_4194305"] == "RING_ALLREDUCE", paths
