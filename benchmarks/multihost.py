@@ -153,6 +153,15 @@ def train_stepper(system, kind):
     return step, batch
 
 
+def host_bytes_sent():
+    """Bytes this host sent to the other over its bridge interface so far (None off the bed)."""
+    try:
+        with open("/sys/class/net/eth0/statistics/tx_bytes") as f:
+            return int(f.read())
+    except (OSError, ValueError):
+        return None
+
+
 def time_training(system, kind, train):
     import allreduce_worker as aw
     step, batch = train_stepper(system, kind)
@@ -185,7 +194,12 @@ def worker(args):
         aw.emit(kind="meta", system=args.worker, rank=rank, size=system.size,
                 hostname=socket.gethostname(), **meta)
         for nbytes, warmup, reps in plan["sizes"]:
+            sent = host_bytes_sent()
             aw.time_size(system, int(nbytes), int(warmup), int(reps))
+            if rank == 0 and sent is not None:
+                # check + warm-up + timed ops, all of this size, left this host meanwhile
+                aw.emit(kind="wire", rank=rank, bytes=int(nbytes), ops=1 + int(warmup) + int(reps),
+                        sent=host_bytes_sent() - sent)
         if plan.get("train"):
             time_training(system, args.worker, plan["train"])
         system.barrier()
@@ -205,8 +219,11 @@ def worker(args):
 def job_env(extra=None):
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("SPARK_HVD_", "HOROVOD_", "OMPI_", "GLOO_"))}
+    # A PYTHONPATH given to the benchmark comes first: another checkout of spark_hvd (a branch
+    # under test, built) runs in the hier and flat columns.
+    given = os.environ.get("PYTHONPATH")
     env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1",
-               PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+               PYTHONPATH=given + os.pathsep + REPO if given else REPO)
     env.update(extra or {})
     return env
 
@@ -302,7 +319,7 @@ def one_job(system, bed, access, plan, args):
     log(f"[{system}] starting (load {loadavg()})")
     load0, t0 = loadavg(), time.monotonic()
     records, tail, error = run_job(cmds, env, args.timeout)
-    out = {"meta": {}, "hosts": {}, "sizes": {}, "train": None, "errors": [],
+    out = {"meta": {}, "hosts": {}, "sizes": {}, "wire": {}, "train": None, "errors": [],
            "load": [load0, loadavg()], "wall_s": time.monotonic() - t0}
     for rec in records:
         kind, rank = rec.get("kind"), rec.get("rank")
@@ -318,6 +335,8 @@ def one_job(system, bed, access, plan, args):
             if rank == 0:
                 log(f"[{system}] {fmt_size(rec['bytes']):>8}: busbw "
                     f"{fmt_bw(busbw(rec['bytes'], rec['median_s']))} GB/s ({rec['n']} reps)")
+        elif kind == "wire":
+            out["wire"][rec["bytes"]] = rec["sent"] / (rec["ops"] * rec["bytes"])
         elif kind == "train" and rank == 0:
             out["train"] = rec
             log(f"[{system}] mlp step: {rec['samples_per_s']:.0f} samples/s")
@@ -373,7 +392,10 @@ def summarize(runs):
             else:
                 sizes[nbytes] = statistics.median(t[0]["median_s"] for t in tables if 0 in t)
         trains = [j["train"]["samples_per_s"] for j in jobs if j.get("train")]
-        out[system] = {"sizes": sizes, "train": statistics.median(trains) if trains else None,
+        wire = {n: statistics.median(j["wire"][n] for j in jobs if n in j["wire"])
+                for n in sizes if any(n in j["wire"] for j in jobs)}
+        out[system] = {"sizes": sizes, "wire": wire,
+                       "train": statistics.median(trains) if trains else None,
                        "rounds": len(jobs), "errors": [e for j in jobs for e in j["errors"]]}
     return out
 
@@ -438,6 +460,14 @@ def report(stats, runs, plan, args, started):
         row += [f"{v / ceiling:.0%}" if v is not None else why for v, why in bw.values()]
         rows.append(row)
     out.append(table(headers, rows, ["l"] + ["r"] * (len(headers) - 1)))
+    if any(stats[s].get("wire") for s in systems):
+        out += ["", "Bytes h0 sent to h1 per allreduce, in units of the message (its eth0 counter "
+                    "over all ops of the size; the least possible is 1.00, a flat ring's 1.50):",
+                ""]
+        rows = [[fmt_size(n)] + [f"{stats[s]['wire'][n]:.2f}" if n in stats[s].get("wire", {})
+                                 else "-" for s in systems] for n, _, _ in plan["sizes"]]
+        out.append(table(["size"] + [LABEL[s] for s in systems], rows,
+                         ["l"] + ["r"] * len(systems)))
     if plan.get("train"):
         tr = plan["train"]
         out += ["", f"Training step, scaling.py's mlp (batch 128 per rank, {tr['reps']} x "
