@@ -12,9 +12,12 @@ def _read_pids(pid_dir):
     return {f.name: int(f.read_text()) for f in pid_dir.glob("*.pid")}
 
 
-# The two shared-memory allreduce paths, forced whatever the size threshold.
+# The two shared-memory allreduce paths, forced whatever the size threshold; and hierarchical
+# allreduce across the two simulated hosts (16 MiB: pipelined, its cross-host step on a thread
+# of its own).
 SHM_PATH_ENV = {"single_copy": {"SPARK_HVD_SHM_SINGLE_COPY_MIN_BYTES": 0},
-                "slots": {"SPARK_HVD_SHM_SINGLE_COPY": 0}, None: {}}
+                "slots": {"SPARK_HVD_SHM_SINGLE_COPY": 0},
+                "hierarchical": {"HOROVOD_HIERARCHICAL_ALLREDUCE": 1}, None: {}}
 
 
 @pytest.mark.timeout(90)
@@ -32,6 +35,8 @@ SHM_PATH_ENV = {"single_copy": {"SPARK_HVD_SHM_SINGLE_COPY_MIN_BYTES": 0},
     (3, 1, "negotiate", "shm", None),
     (3, 2, "transfer", "tcp", None),
     (3, 0, "transfer", "hosts", None),
+    (4, 3, "transfer", "hosts", "hierarchical"),
+    (4, 0, "transfer", "hosts", "hierarchical"),
 ])
 def test_peer_killed(tmp_path, np_, victim, mode, transport, shm_path):
     """The victim SIGKILLs itself while the others wait in negotiation ("negotiate") or stream

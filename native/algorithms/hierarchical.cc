@@ -3,6 +3,10 @@
 #include "hierarchical.h"
 
 #include <algorithm>
+#include <condition_variable>
+#include <exception>
+#include <mutex>
+#include <thread>
 
 namespace shvd {
 
@@ -73,32 +77,157 @@ std::unique_ptr<Hierarchy> Hierarchy::build(const Communicator& comm,
   return h;
 }
 
-void allreduce_hierarchical(const Communicator& comm, void* buf, size_t count, DataType dtype,
-                            ReduceOp op, size_t ring_threshold_bytes, Scratch& scratch,
-                            const StepMarker& step) {
-  const Hierarchy& h = *comm.hierarchy;
-  const size_t esize = dtype_size(dtype);
-  // Block i is reduced within each host by local member i. Every member of one cross ring has
-  // the same local index, so the same block size, and chooses the same cross-host algorithm.
-  const std::vector<size_t> counts = even_blocks(count, h.local.size);
-  {
-    Step s(step, "INTRA_HOST_REDUCESCATTER");
-    reducescatter_ring(h.local, buf, counts, dtype, op, scratch);
+namespace {
+
+// One segment's three steps; `cross` runs the middle one (in place, my block). The block
+// sizes depend only on the segment and the local size, so every member of a cross ring has the
+// same block and chooses the same cross-host algorithm.
+struct SegmentSteps {
+  const Hierarchy& h;
+  DataType dtype;
+  ReduceOp op;
+  size_t ring_threshold_bytes;
+
+  std::vector<size_t> blocks(size_t count) const { return even_blocks(count, h.local.size); }
+  void reduce_scatter(uint8_t* seg, size_t count, Scratch& scratch) const {
+    reducescatter_ring(h.local, seg, blocks(count), dtype, op, scratch);
   }
-  {
-    Step s(step, "CROSS_HOST_ALLREDUCE");
+  void cross(uint8_t* seg, size_t count, Scratch& scratch) const {
+    const std::vector<size_t> counts = blocks(count);
     const size_t mine = counts[h.local.rank];
-    void* block = static_cast<uint8_t*>(buf) + prefix_offsets(counts)[h.local.rank] * esize;
-    if (mine * esize <= ring_threshold_bytes || mine < size_t(h.cross.size)) {
+    void* block = seg + prefix_offsets(counts)[h.local.rank] * dtype_size(dtype);
+    if (mine * dtype_size(dtype) <= ring_threshold_bytes || mine < size_t(h.cross.size)) {
       if (mine > 0) allreduce_recursive_doubling(h.cross, block, mine, dtype, op, scratch);
     } else {
       allreduce_ring(h.cross, block, mine, dtype, op, scratch);
     }
   }
-  Step s(step, "INTRA_HOST_ALLGATHER");
-  std::vector<size_t> bytes(counts);
-  for (size_t& b : bytes) b *= esize;
-  allgather_ring(h.local, buf, bytes);
+  void allgather(uint8_t* seg, size_t count) const {
+    std::vector<size_t> bytes = blocks(count);
+    for (size_t& b : bytes) b *= dtype_size(dtype);
+    allgather_ring(h.local, seg, bytes);
+  }
+};
+
+// Runs the cross-host step of the segments posted to it, in order, on a thread of its own, so
+// that the wire between hosts carries one segment while the engine thread moves the
+// neighbouring ones within the host. Its links (the cross ring's) are not the engine thread's
+// (the host's) in the meantime.
+class CrossHostThread {
+ public:
+  explicit CrossHostThread(std::function<void(size_t)> run)
+      : run_(std::move(run)), thread_([this] { loop(); }) {}
+  ~CrossHostThread() { finish(); }
+
+  void post(size_t segment) {
+    std::lock_guard<std::mutex> lock(mu_);
+    posted_ = segment + 1;
+    cv_.notify_all();
+  }
+  // Waits until `segment` has crossed; rethrows the thread's error.
+  void wait(size_t segment) {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return done_ > segment || error_; });
+    if (error_) std::rethrow_exception(error_);
+  }
+  // Lets the segment in hand finish (or fail: after an error the caller raises the abort flag,
+  // which every link wait checks) and joins.
+  void finish() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+      cv_.notify_all();
+    }
+    if (thread_.joinable()) thread_.join();
+  }
+
+ private:
+  void loop() {
+    for (size_t k = 0;; ++k) {
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_.wait(lock, [&] { return posted_ > k || stop_; });
+        if (posted_ <= k) return;
+      }
+      try {
+        run_(k);
+      } catch (...) {
+        std::lock_guard<std::mutex> lock(mu_);
+        error_ = std::current_exception();
+        cv_.notify_all();
+        return;
+      }
+      std::lock_guard<std::mutex> lock(mu_);
+      done_ = k + 1;
+      cv_.notify_all();
+    }
+  }
+
+  std::function<void(size_t)> run_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  size_t posted_ = 0, done_ = 0;
+  bool stop_ = false;
+  std::exception_ptr error_;
+  std::thread thread_;  // last: starts once the rest is constructed
+};
+
+}  // namespace
+
+void allreduce_hierarchical(const Communicator& comm, void* buf, size_t count, DataType dtype,
+                            ReduceOp op, size_t ring_threshold_bytes, Scratch& scratch,
+                            const StepMarker& step) {
+  const Hierarchy& h = *comm.hierarchy;
+  const SegmentSteps steps{h, dtype, op, ring_threshold_bytes};
+  auto* base = static_cast<uint8_t*>(buf);
+  const size_t esize = dtype_size(dtype);
+  const size_t segment = std::max<size_t>(1, kHierarchicalSegmentBytes / esize);
+  const size_t segments = (count + segment - 1) / segment;
+  if (segments < 2) {
+    {
+      Step s(step, "INTRA_HOST_REDUCESCATTER");
+      steps.reduce_scatter(base, count, scratch);
+    }
+    {
+      Step s(step, "CROSS_HOST_ALLREDUCE");
+      steps.cross(base, count, scratch);
+    }
+    Step s(step, "INTRA_HOST_ALLGATHER");
+    steps.allgather(base, count);
+    return;
+  }
+  // Pipelined: while segment k crosses, the engine thread gathers segment k - 1 and
+  // reduce-scatters segment k + 1 within the host. The timeline shows the first segment's
+  // reduce-scatter, the overlapped middle as CROSS_HOST_ALLREDUCE, and the last segment's
+  // allgather.
+  auto at = [&](size_t k) { return base + k * segment * esize; };
+  auto len = [&](size_t k) { return std::min(segment, count - k * segment); };
+  CrossHostThread crossing(
+      [&](size_t k) { steps.cross(at(k), len(k), h.cross_scratch); });
+  try {
+    {
+      Step s(step, "INTRA_HOST_REDUCESCATTER");
+      steps.reduce_scatter(at(0), len(0), scratch);
+    }
+    crossing.post(0);
+    {
+      Step s(step, "CROSS_HOST_ALLREDUCE");
+      for (size_t k = 1; k < segments; ++k) {
+        steps.reduce_scatter(at(k), len(k), scratch);
+        crossing.post(k);
+        crossing.wait(k - 1);
+        steps.allgather(at(k - 1), len(k - 1));
+      }
+      crossing.wait(segments - 1);
+    }
+    Step s(step, "INTRA_HOST_ALLGATHER");
+    steps.allgather(at(segments - 1), len(segments - 1));
+  } catch (const std::exception& e) {
+    // The crossing thread may wait on a peer that waits for us: make its waits fail too.
+    global_abort().raise(e.what());
+    crossing.finish();
+    throw;
+  }
 }
 
 void allgather_hierarchical(const Communicator& comm, void* out, const std::vector<size_t>& bytes,

@@ -10,6 +10,10 @@
 //                                  index on the other hosts (one ring per local index, all at
 //                                  once; recursive doubling when the block is latency-bound)
 //     3. INTRA_HOST_ALLGATHER      ring allgather of the blocks among my host's members
+//   Large buffers go segment by segment through the three steps, pipelined: a thread of the
+//   call's own runs the cross-host step of one segment while the engine thread runs the
+//   intra-host steps of its neighbours, so the wire between hosts is not idle while the host's
+//   members exchange.
 //   Each block is reduced by one member per host and then by an allreduce whose results are
 //   the same bytes on every member of its ring; the last step copies bytes: every member ends
 //   with bitwise equal results.
@@ -51,6 +55,8 @@ struct Hierarchy {
   // host_first[h]: the set index of host h's first member.
   bool hosts_contiguous = false;
   std::vector<int> host_first;
+  // The cross-host steps' scratch: they run on a thread of their own (allreduce_hierarchical).
+  mutable Scratch cross_scratch;
 
   // The hierarchy of `comm` whose member i is on host `host_ids[i]`; nullptr when the members
   // are on one host, when some host has a single member, or when hosts have different numbers
@@ -58,6 +64,10 @@ struct Hierarchy {
   static std::unique_ptr<Hierarchy> build(const Communicator& comm,
                                           const std::vector<std::string>& host_ids);
 };
+
+// Allreduces larger than this are cut into segments of this size whose steps overlap: one
+// segment crosses between hosts while its neighbours move within the host.
+constexpr size_t kHierarchicalSegmentBytes = 4 << 20;
 
 // In-place allreduce of `count` elements (Average is reduced as Sum: the caller scales) over
 // comm.hierarchy. `ring_threshold_bytes`: the cross-host step of a block up to this size runs
