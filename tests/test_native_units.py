@@ -1,6 +1,7 @@
 """Builds and runs C++ programs of native/tests/: controller_test.cc (the response cache, the
 mismatch diagnosis, the stall inspector, the shared-memory negotiation board and the
-coordinator) and wakeup_bench.cc (what a cross-process hand-off costs here; printed with -s).
+coordinator), hierarchy_test.cc (how sets spanning hosts split for hierarchical collectives)
+and wakeup_bench.cc (what a cross-process hand-off costs here; printed with -s).
 
 Each program is compiled by build.build_test_program with the library's release flags and cached
 under build/native/tests/ by a hash of its sources, so reruns only pay for the run.
@@ -31,6 +32,18 @@ CONTROLLER_TEST = [
     "common/types.cc",
     "common/hmac.cc",
 ]
+HIERARCHY_TEST = [
+    "tests/hierarchy_test.cc",
+    "algorithms/hierarchical.cc",
+    "algorithms/allreduce_ring.cc",
+    "algorithms/allreduce_recursive_doubling.cc",
+    "algorithms/reducescatter_ring.cc",
+    "algorithms/allgather_ring.cc",
+    "algorithms/collective_helpers.cc",
+    "algorithms/reduce_kernels.cc",
+    "transport/link.cc",
+    "common/types.cc",
+]
 RUN_TIMEOUT_S = 120
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"),
@@ -51,6 +64,10 @@ def _run(name: str, sources: list[str], args: tuple[str, ...] = ()) -> None:
 
 def test_controller_units() -> None:
     _run("controller_test", CONTROLLER_TEST)
+
+
+def test_hierarchy_units() -> None:
+    _run("hierarchy_test", HIERARCHY_TEST)
 
 
 def test_wakeup_costs() -> None:
