@@ -35,6 +35,18 @@ def test_ranks_are_host_major_in_order_of_first_partition():
                                                              (2, 3)]
 
 
+def test_executors_of_one_machine_get_consecutive_ranks():
+    # Two machines with two executors each, their tasks interleaved by Spark: the executors of
+    # 10.0.0.2 come first (its task was first), each executor's ranks consecutive.
+    addresses = ["10.0.0.2:7001", "10.0.0.3:7001", "10.0.0.2:7002", "10.0.0.3:7002",
+                 "10.0.0.2:7001", "10.0.0.3:7001", "10.0.0.2:7002", "10.0.0.3:7002"]
+    slots = _placement.slots_by_partition(addresses)
+    by_rank = sorted(slots, key=lambda s: s.rank)
+    assert [s.hostname for s in by_rank] == ["10.0.0.2:7001"] * 2 + ["10.0.0.2:7002"] * 2 + \
+        ["10.0.0.3:7001"] * 2 + ["10.0.0.3:7002"] * 2
+    assert [s.rank for s in slots] == [0, 4, 2, 6, 1, 5, 3, 7]
+
+
 def test_host_of_and_host_id():
     assert _placement.host_of("10.0.0.5:43211") == "10.0.0.5"
     assert _placement.host_of("[::1]:5") == "::1"
@@ -97,6 +109,40 @@ def test_tls_cluster_is_refused_unless_allowed(monkeypatch):
                                          _controller.ALLOW_UNENCRYPTED_CONF: "true"}))
     monkeypatch.setenv(_controller.ALLOW_UNENCRYPTED_ENV, "1")
     _controller.check_ssl(FakeSession(**{"spark.ssl.enabled": "true"}))
+
+
+def test_spark_hvd_settings_with_and_without_the_spark_prefix(monkeypatch):
+    # spark-submit --conf passes on only spark.* keys: spark.spark_hvd.<name> is the form for
+    # clusters, spark_hvd.<name> (set on a session) still works.
+    _controller.check_ssl(FakeSession(**{"spark.ssl.enabled": "true",
+                                         "spark." + _controller.ALLOW_UNENCRYPTED_CONF: "1"}))
+    for key in ("spark.spark_hvd.networkInterface", "spark_hvd.networkInterface"):
+        assert _controller.network_interface(FakeSession(**{key: " eth1 "}), {}) == "eth1"
+    env = {"HOROVOD_GLOO_IFACE": "ib0"}
+    assert _controller.network_interface(FakeSession(), env) == "ib0"
+    assert _controller.network_interface(
+        FakeSession(**{"spark.spark_hvd.networkInterface": "eth1"}), env) == "eth1"
+    assert _controller.network_interface(FakeSession(), {}) is None
+    monkeypatch.delenv("SPARK_HVD_SPARK_HEARTBEAT_TIMEOUT", raising=False)
+    monkeypatch.delenv("HOROVOD_SPARK_HEARTBEAT_TIMEOUT", raising=False)
+    assert _controller._heartbeat_timeout(FakeSession()) == _controller.DEFAULT_HEARTBEAT_TIMEOUT
+    session = FakeSession(**{"spark.spark_hvd.heartbeatTimeout": "4.5"})
+    assert _controller._heartbeat_timeout(session) == 4.5
+    monkeypatch.setenv("SPARK_HVD_SPARK_HEARTBEAT_TIMEOUT", "7")
+    assert _controller._heartbeat_timeout(session) == 7.0
+    monkeypatch.setenv("SPARK_HVD_SPARK_HEARTBEAT_TIMEOUT", "0")
+    with pytest.raises(ValueError, match="heartbeat timeout must be positive"):
+        _controller._heartbeat_timeout(session)
+
+
+def test_lost_ranks_message_names_ranks_hosts_and_the_timeout():
+    lost = {3: {"host": "10.0.0.3", "hostname": "node-3", "silent": 11.2},
+            2: {"host": "10.0.0.3", "hostname": "node-3", "silent": 11.0},
+            5: {"host": "10.0.0.4", "hostname": "10.0.0.4", "silent": 4.0}}
+    message = _controller.lost_ranks_message(lost, 10.0)
+    assert message.startswith("ranks [2, 3] on host 10.0.0.3 (node-3); rank 5 on host "
+                              "10.0.0.4 were lost: their Spark tasks sent no heartbeat for "
+                              "11 s (heartbeat timeout 10 s, spark.spark_hvd.heartbeatTimeout)")
 
 
 def test_connect_session_facts_come_from_conf():

@@ -52,7 +52,10 @@ def run(fn, args=(), kwargs=None, num_proc=None, start_timeout=None, use_mpi=Non
             every line is prefixed ``[rank]<stdout>:`` or ``[rank]<stderr>:``.
         verbose: 0 quiet, 1 failures and waits, 2 every step.
         nics: network interface names; the ranks bind their connections to the first one's
-            address (default: the executor's address).
+            address (default: the Spark configuration ``spark.spark_hvd.networkInterface``,
+            else ``SPARK_HVD_NETWORK_INTERFACE`` / ``HOROVOD_GLOO_IFACE`` of the driver or
+            ``env``, else the executor's address). The ranks get the interface as
+            ``SPARK_HVD_NETWORK_INTERFACE``; it must exist on every executor's machine.
         prefix_output_with_timestamp: put the time in front of each output line.
         executable: the Python that runs the ranks (default: the executors' Python).
         spark: the SparkSession to use (default: the active one, classic or Spark Connect).
@@ -65,8 +68,12 @@ def run(fn, args=(), kwargs=None, num_proc=None, start_timeout=None, use_mpi=Non
             rank is stopped first), the cluster has too few task slots, the tasks did not
             start in time, or the cluster has TLS on (``spark.ssl.enabled``): the ranks'
             traffic is authenticated but not encrypted, so ``run`` refuses unless the Spark
-            configuration ``spark_hvd.allowUnencrypted=true`` or the environment variable
-            ``SPARK_HVD_ALLOW_UNENCRYPTED=1`` allows it.
+            configuration ``spark.spark_hvd.allowUnencrypted=true`` or the environment
+            variable ``SPARK_HVD_ALLOW_UNENCRYPTED=1`` allows it. A lost executor or machine
+            (its tasks stop sending heartbeats for ``spark.spark_hvd.heartbeatTimeout`` or
+            ``$SPARK_HVD_SPARK_HEARTBEAT_TIMEOUT`` seconds, default 10) fails the run with
+            ``kind="lost"``, ``lost_ranks`` and ``host`` naming them, within about that
+            timeout plus 5 s, whatever the surviving ranks and Spark's scheduler do.
 
     Example (with an active SparkSession of two or more task slots):
 

@@ -9,6 +9,7 @@ Spark has no way to carry while the stage runs:
   with its stream (``o`` stdout, ``e`` stderr); the chunk ``EOF`` ends a rank's output. Windows
   of :data:`WINDOW` chunks are deleted once read, so a long job does not pile up its output.
 - ``<job>/ctl`` ``started/<rank>``, ``stopped/<rank>``, ``error/<rank>`` (a JSON report),
+  ``alive/<rank>`` (the task's heartbeat: a counter and its host, see ``_task``),
   ``abort`` (set by the first failure: every task stops its rank at once) and ``user_error``
   (an exception in ``fn``: a retried stage attempt refuses to run it again).
 
@@ -109,12 +110,18 @@ class DriverChannel:
         finally:
             client.close()
 
-    def ranks_with(self, key: str, ranks=None) -> dict[int, bytes]:
-        """``{rank: value}`` of the ranks that have put ``<key>/<rank>`` so far."""
+    def client(self) -> KVClient:
+        """A connection of its own to the store (for a thread other than the driver's)."""
+        return KVClient(self._local_addr, self._secret, timeout=10)
+
+    def ranks_with(self, key: str, ranks=None, client=None) -> dict[int, bytes]:
+        """``{rank: value}`` of the ranks that have put ``<key>/<rank>`` so far (through
+        ``client``, default the driver's own connection)."""
         found = {}
+        client = client or self._client
         for r in (range(self.num_proc) if ranks is None else ranks):
             try:
-                found[r] = self._client.get(self.ctl_scope, f"{key}/{r}", timeout=0)
+                found[r] = client.get(self.ctl_scope, f"{key}/{r}", timeout=0)
             except RuntimeError:
                 pass
         return found
@@ -126,7 +133,7 @@ class DriverChannel:
         want = set(range(self.num_proc) if ranks is None else ranks)
         done: set[int] = set()
         deadline = time.monotonic() + timeout
-        with KVClient(self._local_addr, self._secret, timeout=10) as client:
+        with self.client() as client:
             for r in sorted(want):
                 while r not in done:
                     left = deadline - time.monotonic()

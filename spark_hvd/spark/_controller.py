@@ -18,8 +18,10 @@ STARTING   the session is usable (not TLS unless allowed), enough task slots exi
            secret and id, the channel for output and status, the pickled function.
 RUNNING    one barrier stage of ``num_proc`` tasks through ``mapInArrow(..., barrier=True)``
            (the same call for classic and Spark Connect sessions); a watchdog cancels it if the
-           tasks do not all start within ``start_timeout``. Then each rank's pickled result, in
-           rank order, and the ranks' last output lines.
+           tasks do not all start within ``start_timeout``, another one if a task's heartbeats
+           stop for ``heartbeat_timeout`` (its executor or machine is lost: Spark alone would
+           wait for the lost task slots, resubmitting the barrier stage). Then each rank's
+           pickled result, in rank order, and the ranks' last output lines.
 RESTARTING the failed attempt's ranks are stopped and a new attempt is prepared, then RUNNING
            again. :meth:`RunController._after_failure` is where a retry policy will choose it
            over ERRORED; today every failure is final.
@@ -32,6 +34,7 @@ ERRORED    the failing rank's report (its traceback) is the :class:`RunError`; t
 from __future__ import annotations
 
 import enum
+import json
 import os
 import re
 import secrets
@@ -49,6 +52,15 @@ from spark_hvd.spark._errors import RunError
 DEFAULT_START_TIMEOUT = 600.0
 ALLOW_UNENCRYPTED_ENV = "SPARK_HVD_ALLOW_UNENCRYPTED"
 ALLOW_UNENCRYPTED_CONF = "spark_hvd.allowUnencrypted"
+# A task whose heartbeats stop this long is lost (its executor or machine went away); with the
+# stop of the other ranks, a lost host fails the run within about this plus 5 s.
+DEFAULT_HEARTBEAT_TIMEOUT = 10.0
+HEARTBEAT_TIMEOUT_CONF = "spark_hvd.heartbeatTimeout"
+# The interface the ranks' connections use, on every executor (the Spark configuration's
+# counterpart of spark-hvd-run --network-interface).
+NETWORK_INTERFACE_CONF = "spark_hvd.networkInterface"
+NETWORK_INTERFACE_ENV = "SPARK_HVD_NETWORK_INTERFACE"
+_IFACE_ENVS = (NETWORK_INTERFACE_ENV, "HOROVOD_GLOO_IFACE")
 RESULT_SCHEMA = "rank int, seq int, chunk binary"
 # The driver's SPARK_HVD_* and HOROVOD_* variables reach the ranks (tuning such as
 # SPARK_HVD_FUSION_THRESHOLD or HOROVOD_CYCLE_TIME), so a job configured on the driver behaves as
@@ -101,6 +113,43 @@ def _start_timeout(value) -> float:
     return DEFAULT_START_TIMEOUT if value is None else float(value)
 
 
+def _heartbeat_timeout(spark) -> float:
+    """``$SPARK_HVD_SPARK_HEARTBEAT_TIMEOUT``, else the Spark configuration
+    ``spark.spark_hvd.heartbeatTimeout``, else :data:`DEFAULT_HEARTBEAT_TIMEOUT` (seconds)."""
+    value = contract.setting("SPARK_HEARTBEAT_TIMEOUT") or \
+        _session.own_conf(spark, HEARTBEAT_TIMEOUT_CONF)
+    seconds = DEFAULT_HEARTBEAT_TIMEOUT if value is None else float(value)
+    if seconds <= 0:
+        raise ValueError(f"the heartbeat timeout must be positive, got {value!r}")
+    return seconds
+
+
+def network_interface(spark, env: dict[str, str]) -> str | None:
+    """The interface the ranks bind to: the Spark configuration
+    ``spark.spark_hvd.networkInterface``, else ``SPARK_HVD_NETWORK_INTERFACE`` /
+    ``HOROVOD_GLOO_IFACE`` of the ranks' environment."""
+    iface = _session.own_conf(spark, NETWORK_INTERFACE_CONF)
+    if not iface:
+        iface = next((env[k] for k in _IFACE_ENVS if env.get(k)), None)
+    return iface.strip() if iface and iface.strip() else None
+
+
+def lost_ranks_message(lost: dict[int, dict], timeout: float) -> str:
+    """``ranks [2, 3] on host 10.0.0.2 (node-2) were lost ...`` for ``{rank: heartbeat}``."""
+    by_host: dict[str, list[int]] = {}
+    for rank, beat in sorted(lost.items()):
+        name = beat.get("host", "?")
+        if beat.get("hostname") and beat["hostname"] != name:
+            name += f" ({beat['hostname']})"
+        by_host.setdefault(name, []).append(rank)
+    where = "; ".join(f"rank{'s' if len(r) > 1 else ''} {r if len(r) > 1 else r[0]} on host "
+                      f"{h}" for h, r in by_host.items())
+    silent = max(beat.get("silent", 0.0) for beat in lost.values())
+    return (f"{where} {'were' if len(lost) > 1 else 'was'} lost: their Spark tasks sent no "
+            f"heartbeat for {silent:.0f} s (heartbeat timeout {timeout:g} s, "
+            f"spark.{HEARTBEAT_TIMEOUT_CONF}); the executor, or its machine, went away")
+
+
 def forwarded_env(env: dict | None) -> dict[str, str]:
     """The variables the ranks get from the driver: its spark_hvd/Horovod tuning, then
     ``env`` (which wins). Bootstrap variables are the task's business and never forwarded."""
@@ -119,13 +168,14 @@ def check_ssl(spark) -> None:
     if not _session.ssl_enabled(spark):
         return
     allowed = (os.environ.get(ALLOW_UNENCRYPTED_ENV, "").strip().lower() in _session.TRUE
-               or _session.conf_flag(spark, ALLOW_UNENCRYPTED_CONF))
+               or (_session.own_conf(spark, ALLOW_UNENCRYPTED_CONF) or "").strip().lower()
+               in _session.TRUE)
     if not allowed:
         raise RunError(
             "This Spark cluster has TLS enabled (spark.ssl.enabled=true), but spark_hvd's "
             "collectives are authenticated with the job secret, not encrypted: gradients and "
             "model state would cross the network in the clear. To run anyway, set the Spark "
-            f"configuration {ALLOW_UNENCRYPTED_CONF}=true or the environment variable "
+            f"configuration spark.{ALLOW_UNENCRYPTED_CONF}=true or the environment variable "
             f"{ALLOW_UNENCRYPTED_ENV}=1 on the driver.")
 
 
@@ -192,6 +242,11 @@ class RunController:
         self._done = threading.Event()
         self._start_timed_out = False
         self._start_missing: list[int] = []
+        self.heartbeat_timeout = DEFAULT_HEARTBEAT_TIMEOUT
+        # rank -> (its last heartbeat, when it changed on this clock); set by the liveness watch
+        self._beats: dict[int, tuple[bytes, float]] = {}
+        self._lost: dict[int, dict] = {}   # ranks found lost: rank -> its last heartbeat
+        self._failing = False
 
     def log(self, message: str, level: int = 1) -> None:
         if self.verbose >= level:
@@ -265,6 +320,11 @@ class RunController:
         self.num_proc = int(self.num_proc)
         if self.num_proc < 1:
             raise ValueError(f"num_proc must be at least 1, got {self.num_proc}")
+        self.heartbeat_timeout = _heartbeat_timeout(spark)
+        iface = network_interface(spark, self.env)
+        if iface:
+            self.env[NETWORK_INTERFACE_ENV] = iface
+            self.nics = self.nics or [iface]
         self._check_slots(spark)
 
     def _check_slots(self, spark) -> None:
@@ -306,7 +366,7 @@ class RunController:
             job_id=self.job_id, secret=secret, num_proc=self.num_proc, payload=payload,
             channel_addr=self.channel.addr, start_timeout=self.start_timeout, env=self.env,
             timestamp=self.timestamp, executable=self.executable, nics=self.nics,
-            verbose=self.verbose)
+            verbose=self.verbose, heartbeat_seconds=min(1.0, self.heartbeat_timeout / 5))
 
     def _run_stage(self, spec: _task.TaskSpec):
         spark = self.spark
@@ -316,6 +376,8 @@ class RunController:
                                                  barrier=True)
         threading.Thread(target=self._watch_start, args=(tag,), daemon=True,
                          name="spark-hvd-start-watch").start()
+        threading.Thread(target=self._watch_liveness, args=(tag,), daemon=True,
+                         name="spark-hvd-liveness-watch").start()
         spark.addTag(tag)
         try:
             return df.collect()
@@ -357,8 +419,49 @@ class RunController:
         self.channel.abort("the job did not start in time")
         self._interrupt(tag)
 
+    def _watch_liveness(self, tag: str) -> None:
+        """Cancel the stage when a running task's heartbeats stop for ``heartbeat_timeout``
+        (its rank can report nothing: the executor or its machine is gone). Bounded on its own,
+        whatever the surviving ranks' collectives and Spark's scheduler do."""
+        try:
+            client = self.channel.client()
+        except RuntimeError:
+            return
+        with client:
+            while not self._done.wait(0.25):
+                try:
+                    lost = self._silent_ranks(client, self.heartbeat_timeout)
+                except RuntimeError:
+                    return  # the run ended (the channel is closed)
+                if lost and not (self._done.is_set() or self._failing):
+                    self._lost = lost
+                    self.log(lost_ranks_message(lost, self.heartbeat_timeout))
+                    self.channel.abort("ranks were lost")
+                    self._interrupt(tag)
+                    return
+
+    def _silent_ranks(self, client, seconds: float) -> dict[int, dict]:
+        """Ranks whose task neither ended nor reported, with no new heartbeat for ``seconds``
+        (this clock): rank -> its last heartbeat and ``silent`` seconds. Updates the record of
+        heartbeats."""
+        beats = self.channel.ranks_with("alive", client=client)
+        over = set(self.channel.ranks_with("stopped", beats, client=client))
+        over |= set(self.channel.ranks_with("error", beats, client=client))
+        now = time.monotonic()
+        for rank, value in beats.items():
+            if self._beats.get(rank, (None,))[0] != value:
+                self._beats[rank] = (value, now)
+        silent = {}
+        for rank, (value, since) in self._beats.items():
+            if rank not in over and now - since > seconds:
+                silent[rank] = {**json.loads(value), "silent": now - since}
+        return silent
+
     def _failure(self, error: Exception) -> RunError:
         """The RunError for a failed stage, once the other ranks were told to stop."""
+        # From now on Spark may kill tasks itself (their heartbeats stop too): the liveness
+        # watch no longer takes silence for a lost host.
+        self._failing = True
         if self._start_timed_out:
             missing = self._start_missing
             return RunError(
@@ -370,13 +473,24 @@ class RunController:
         self.channel.abort(f"rank {report['rank']} failed" if report else "the Spark job failed")
         # Return once the other ranks are gone (their tasks kill them at the abort), so that
         # the caller can rely on a clean slate; bounded, since Spark kills the rest anyway.
-        started = set(self.channel.ranks_with("started"))
+        # Lost ranks cannot stop: they are not waited for.
+        started = set(self.channel.ranks_with("started")) - set(self._lost)
         self.channel.wait_all("stopped", _STOP_WAIT_SECONDS, ranks=started)
         self.channel.wait_output(timeout=2.0)  # their last lines (tracebacks) before ours
         # Reports that came in meanwhile may tell more (the rank that raised, where the first
         # one to fail only lost its peer).
         errors = self.channel.errors()
         report = pick_failure(errors)
+        lost = self._lost or self._lost_hosts_ranks()
+        if lost and (report is None or report["kind"] == "internal"):
+            # The lost host is the cause; the survivors only lost their peers.
+            message = lost_ranks_message(lost, self.heartbeat_timeout)
+            if report is not None:
+                message += (f"; then rank {report['rank']} (host {report['host']}) failed: "
+                            f"{report['summary']}\n\n{report['detail']}")
+            first = min(lost)
+            return RunError(message, rank=first, host=lost[first].get("host"), kind="lost",
+                            detail=message, lost_ranks=sorted(lost))
         if report is not None:
             others = sorted(r for r in errors if r != report["rank"])
             also = f" (ranks {others} failed after it)" if others else ""
@@ -384,10 +498,26 @@ class RunController:
                        f"{report['summary']}\n\n{report['detail']}")
             self.log(f"rank {report['rank']} failed: {report['summary']}")
             return RunError(message, rank=report["rank"], host=report["host"],
-                            kind=report["kind"], detail=report["detail"])
+                            kind=report["kind"], detail=report["detail"],
+                            lost_ranks=sorted(lost) or None)
         rank, message = failure_from_spark_error(str(error))
         if rank is not None:
             return RunError(f"rank {rank} failed: {message}", rank=rank, detail=message)
         first = str(error).strip().splitlines()
         return RunError("the Spark job of spark_hvd.spark.run failed: "
                         + (first[0] if first else type(error).__name__))
+
+    def _lost_hosts_ranks(self) -> dict[int, dict]:
+        """When Spark failed the stage before the liveness watch's timeout: the ranks that,
+        after the others were given time to stop, neither ended nor reported, whose heartbeats
+        stopped for three intervals, and whose host has no live executor left (a task Spark
+        killed itself also goes silent, but its executor lives). Under Spark Connect, whose
+        client cannot list executors, silence alone."""
+        try:
+            with self.channel.client() as client:
+                silent = self._silent_ranks(client, 3 * min(1.0, self.heartbeat_timeout / 5))
+        except RuntimeError:
+            return {}
+        hosts = _session.executor_hosts(self.spark) if silent else None
+        return {r: beat for r, beat in silent.items()
+                if hosts is None or beat.get("host") not in hosts}

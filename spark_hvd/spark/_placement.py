@@ -4,8 +4,11 @@ A "host" is a Spark executor, identified by the address that ``BarrierTaskContex
 reports for it (``host:port``). Two executors on one machine count as two hosts: they own
 separate resources (cores, GPUs) and Spark schedules them independently, and it is what makes
 ``local-cluster[2,2,1024]`` look like the two-host job it stands for. Ranks are host-major (the
-launcher's rule, :func:`spark_hvd.launch.hosts.assign_ranks`): hosts in order of their first
-task, ranks consecutive within a host, in partition order.
+launcher's rule, :func:`spark_hvd.launch.hosts.assign_ranks`): ranks consecutive within an
+executor, in partition order, and the executors of one machine (the host part of their
+address) consecutive too, machines in order of their first task, so that a job with several
+executors per machine still has its cross-machine neighbours far apart in rank, as under
+``spark-hvd-run -H``.
 """
 
 from __future__ import annotations
@@ -26,7 +29,9 @@ def slots_by_partition(addresses: list[str]) -> list[SlotInfo]:
     counts: dict[str, int] = {}
     for a in addresses:
         counts[a] = counts.get(a, 0) + 1
-    slots = assign_ranks([HostSlots(h, n) for h, n in counts.items()], len(addresses))
+    machines = list(dict.fromkeys(host_of(a) for a in addresses))
+    executors = sorted(counts, key=lambda a: machines.index(host_of(a)))  # stable: first task
+    slots = assign_ranks([HostSlots(h, counts[h]) for h in executors], len(addresses))
     by_host: dict[str, list[SlotInfo]] = {}
     for s in slots:
         by_host.setdefault(s.hostname, []).append(s)

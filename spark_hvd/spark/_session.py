@@ -56,6 +56,14 @@ def conf_flag(spark, key: str) -> bool:
     return (conf(spark, key, "false") or "false").strip().lower() in TRUE
 
 
+def own_conf(spark, key: str) -> str | None:
+    """One of spark_hvd's settings ``spark_hvd.<name>``, given in the Spark configuration as
+    ``spark.spark_hvd.<name>`` (the form ``spark-submit --conf`` and ``spark-defaults.conf``
+    pass on: they drop keys without the ``spark.`` prefix) or as ``spark_hvd.<name>`` (set on
+    the session)."""
+    return conf(spark, "spark." + key) or conf(spark, key)
+
+
 def master(spark) -> str:
     if not is_connect(spark):
         return spark.sparkContext.master
@@ -93,6 +101,17 @@ def total_slots(spark) -> int | None:
         except Exception:  # noqa: BLE001 - a Spark without this (private) method
             pass
     return _placement.parse_master_slots(master(spark), task_cpus(spark))
+
+
+def executor_hosts(spark) -> set[str] | None:
+    """The hosts that have a live executor (the driver's too) as Spark sees them now; None
+    when the session cannot tell (Spark Connect)."""
+    if is_connect(spark):
+        return None
+    try:
+        return {info.host() for info in spark.sparkContext.statusTracker().getExecutorInfos()}
+    except Exception:  # noqa: BLE001 - a stopped context, or a Spark without the tracker
+        return None
 
 
 def is_local_master(spark) -> bool:

@@ -11,6 +11,9 @@
    ``KVRendezvous.allgather`` completes. The ranks then connect directly, authenticated by the
    job secret. A later ``init()`` after ``shutdown()`` is another round.
 4. Forward the rank's output to the driver, then return its pickled result as rows.
+5. Meanwhile, tell the driver every ``heartbeat_seconds`` that the task lives (``alive``): a
+   task whose executor or machine is lost cannot report anything, and the driver names its
+   ranks and host when the heartbeats stop (see ``_controller``).
 
 Spark requires every task to call ``allGather`` equally often, and each call costs about a
 second (Spark polls for its completion once a second), so there is one call per ``init()`` and
@@ -62,7 +65,7 @@ class TaskSpec:
     """Everything a task needs from the driver (pickled into the Spark task)."""
 
     def __init__(self, job_id, secret, num_proc, payload, channel_addr, start_timeout,
-                 env, timestamp, executable, nics, verbose):
+                 env, timestamp, executable, nics, verbose, heartbeat_seconds=1.0):
         self.job_id = job_id
         self.secret = secret
         self.num_proc = num_proc
@@ -74,6 +77,7 @@ class TaskSpec:
         self.executable = executable
         self.nics = nics
         self.verbose = verbose
+        self.heartbeat_seconds = heartbeat_seconds
 
 
 class TaskFailed(RuntimeError):
@@ -152,6 +156,7 @@ class _RankTask:
         self.pending = None     # generation of the init round in progress
         self.returned = None    # "rank R" once some rank returned from fn
         self.finished = False
+        self.heartbeat_stop = threading.Event()
         self.channel = TaskChannel(spec.channel_addr, spec.secret, spec.job_id, self.rank)
 
     # -- set-up -------------------------------------------------------------------------------
@@ -226,12 +231,28 @@ class _RankTask:
                                                                         self.stderr_tail),
                     None, ts),
         ]
+        threading.Thread(target=self._heartbeat, daemon=True,
+                         name=f"spark-hvd-heartbeat-{self.rank}").start()
         threading.Thread(target=self._wait_child, daemon=True,
                          name=f"spark-hvd-child-{self.rank}").start()
         threading.Thread(target=self._watch_rendezvous, args=(port,), daemon=True,
                          name=f"spark-hvd-rendezvous-{self.rank}").start()
         self.channel.watch("abort", lambda value: self.events.put(("abort", value)))
         self.channel.watch("returned", lambda value: self.events.put(("returned", value)))
+
+    def _heartbeat(self) -> None:
+        """``alive/<rank>``: a counter and where the task runs, until the task ends. The driver
+        only looks at whether the value changes (its own clock: none is shared)."""
+        where = {"host": _placement.host_of(self.address), "executor": self.address,
+                 "hostname": socket.gethostname()}
+        beat = 0
+        while True:
+            beat += 1
+            if not self.channel.put("alive", json.dumps({"n": beat, **where}).encode()) \
+                    and not self.channel.connected:
+                return  # no driver to tell (a Spark Connect client out of reach)
+            if self.heartbeat_stop.wait(self.spec.heartbeat_seconds):
+                return
 
     def _wait_child(self) -> None:
         self.proc.popen.wait()
@@ -386,6 +407,7 @@ class _RankTask:
     def cleanup(self) -> None:
         # Also after a clean exit: whatever the rank started and left behind goes with it.
         self._stop_child()
+        self.heartbeat_stop.set()
         self.channel.put("stopped", b"done")
         self._drain_output(timeout=1.0)
         self.channel.close()

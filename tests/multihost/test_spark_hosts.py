@@ -1,0 +1,139 @@
+"""Spark across hosts of the bed: a standalone master in the root namespace, one worker (two
+cores) per host bound to the host's address, drivers spark-submit'ed from the root namespace
+(see spark_bed.py). ``spark_hvd.spark.run`` and ``TorchEstimator.fit`` on 4 ranks, 2 per host;
+a host whose processes are all killed (worker, executor, Python workers, ranks) mid-run and
+mid-fit; the fit resumed from its checkpoint once the host is back.
+
+One cluster serves the module (starting one costs ~20 s of the two cores); a test that kills a
+host restarts its worker before the next one.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from bed import Bed
+from spark_bed import SparkBed, wait_for_file
+
+pytest.importorskip("pyspark")
+pytest.importorskip("torch")
+pytestmark = pytest.mark.timeout(240)
+
+JOB = Path(__file__).resolve().parent / "spark_hosts_job.py"
+# One executor of two cores per host: two ranks per host.
+CONFS = ["spark.executor.cores=2", "spark.cores.max=4"]
+# The documented bound on a lost host (heartbeat timeout 10 s, then the survivors' stop).
+LOST_HOST_BOUND_SECONDS = 30
+EPOCHS = 5   # spark_hosts_job.EPOCHS
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    bed = Bed(2)
+    with bed:
+        spark = SparkBed(bed, tmp_path_factory.mktemp("spark-bed"))
+        try:
+            spark.start()
+            yield spark
+        finally:
+            spark.close()
+    assert bed.leftovers() == [] and spark.leftovers() == []
+
+
+@pytest.fixture
+def spark_bed(cluster):
+    """The module's cluster with a worker alive in every host (a test may have lost one)."""
+    alive = cluster.alive_workers()
+    for host in cluster.bed.hosts:
+        if host.addr not in alive:
+            cluster.start_worker(host)
+    cluster.wait_workers(len(cluster.bed.hosts))
+    return cluster
+
+
+def _finish(spark: SparkBed, proc, timeout: float) -> tuple[str, str]:
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except Exception:
+        proc.kill()
+        out, err = proc.communicate()
+        pytest.fail(f"the driver did not finish in {timeout} s\n{out[-3000:]}\n{err[-6000:]}"
+                    f"\n{spark.logs()}")
+    assert proc.returncode == 0, f"{out[-3000:]}\n{err[-8000:]}\n{spark.logs()}"
+    return out, err
+
+
+def test_run_and_fit_across_hosts(spark_bed, tmp_path):
+    proc = spark_bed.submit(JOB, "run", tmp_path, confs=CONFS)
+    out, err = _finish(spark_bed, proc, 200)
+    result = json.loads((tmp_path / "result.json").read_text())
+    places = result["places"]
+    by_name = {h.hostname: h for h in spark_bed.bed.hosts}
+    assert [p["rank"] for p in places] == [0, 1, 2, 3]
+    # Each rank runs in one of the bed's hosts and listens on that host's own address.
+    assert all(p["hostname"] in by_name for p in places), places
+    assert all(p["bind"] == by_name[p["hostname"]].addr for p in places), places
+    # Host-major: ranks 0-1 on one host, 2-3 on the other, Horovod's local/cross numbers.
+    assert places[0]["hostname"] == places[1]["hostname"] != places[2]["hostname"] == \
+        places[3]["hostname"]
+    assert [(p["local_rank"], p["local_size"], p["cross_rank"], p["cross_size"])
+            for p in places] == [(0, 2, 0, 2), (1, 2, 0, 2), (0, 2, 1, 2), (1, 2, 1, 2)]
+    assert all(p["sum"] == 10.0 for p in places)
+    # The fit trained across both hosts: its loss went down.
+    loss = result["history"]["loss"]
+    assert len(loss) == 2 and loss[1] < loss[0], result["history"]
+    print(f"run {result['run_seconds']:.1f} s, fit {result['fit_seconds']:.1f} s")
+
+
+def test_lost_host_during_run(spark_bed, tmp_path):
+    proc = spark_bed.submit(JOB, "lose-run", tmp_path, confs=CONFS)
+    for rank in range(4):
+        wait_for_file(tmp_path / f"ready.{rank}", proc, 150)
+    victim = spark_bed.bed.hosts[1]
+    killed_at = time.time()
+    assert spark_bed.bed.signal_host(victim, signal.SIGKILL)
+    out, err = _finish(spark_bed, proc, 120)
+    error = json.loads((tmp_path / "result.json").read_text())["error"]
+    assert error is not None, "spark_hvd.spark.run returned although a host was lost"
+    seconds = error["time"] - killed_at
+    assert seconds <= LOST_HOST_BOUND_SECONDS, (seconds, error)
+    assert error["kind"] == "lost" and error["host"] == victim.addr, error
+    lost = error["lost_ranks"]
+    assert len(lost) == 2 and lost[1] == lost[0] + 1, error   # the host's two ranks
+    assert f"ranks {lost} on host {victim.addr} ({victim.hostname}) were lost" in \
+        error["message"], error
+    print(f"RunError {seconds:.1f} s after the host was killed: {error['message'][:300]}")
+
+
+@pytest.mark.timeout(420)   # two fits and a worker restart: ~3 min on a loaded 2-core machine
+def test_lost_host_during_fit_then_resume(spark_bed, tmp_path):
+    proc = spark_bed.submit(JOB, "lose-fit", tmp_path, confs=CONFS)
+    wait_for_file(tmp_path / "ready", proc, 180)
+    victim = spark_bed.bed.hosts[0]
+    killed_at = time.time()
+    assert spark_bed.bed.signal_host(victim, signal.SIGKILL)
+    failed = json.loads(wait_for_file(tmp_path / "failed.json", proc, 60))
+    error = failed["error"]
+    assert error is not None, "the fit ended although a host was lost"
+    assert error["time"] - killed_at <= LOST_HOST_BOUND_SECONDS, (error, killed_at)
+    assert error["kind"] == "lost" and error["host"] == victim.addr, error
+    assert len(error["lost_ranks"]) == 2, error
+    checkpoints = failed["checkpoints"]
+    assert checkpoints and checkpoints[-1] < EPOCHS - 1, failed
+    # The host comes back; the same run_id resumes after the last checkpoint.
+    spark_bed.start_worker(victim)
+    spark_bed.wait_workers(2)
+    (tmp_path / "back").write_text("1")
+    out, err = _finish(spark_bed, proc, 200)
+    result = json.loads((tmp_path / "result.json").read_text())
+    resumed = [int(e) for e in (tmp_path / "epochs.2").read_text().split()]
+    assert resumed == list(range(checkpoints[-1] + 1, EPOCHS)), (resumed, checkpoints)
+    assert len(result["history"]["loss"]) == EPOCHS, result["history"]
+    assert "spark_hvd: resuming run lost_host_run from" in out, out[-3000:]
+    print(f"RunError {error['time'] - killed_at:.1f} s after the host was killed (checkpoints "
+          f"{checkpoints}); the resumed fit took {result['resumed_fit_seconds']:.1f} s")
