@@ -39,8 +39,8 @@ struct Communicator {
   std::vector<int> global_ranks; // member index -> global rank (for error messages)
   // Set when every member shares this host: allreduce then runs through one shared segment.
   SharedMemoryGroup* shm_group = nullptr;
-  // Set when the members sit on several hosts with the same number (> 1) on each: the
-  // sub-communicators of the hierarchical algorithms (hierarchical.h).
+  // Set when the members sit on several hosts, more than one on some: the sub-communicators
+  // of the hierarchical algorithms (hierarchical.h).
   const Hierarchy* hierarchy = nullptr;
 
   Link* link(int member) const { return links[member]; }

@@ -55,8 +55,8 @@ bool latency_bound(const CollectiveCase& c) {
   return c.bytes() <= c.ring_threshold_bytes || c.count < size_t(c.comm->size);
 }
 
-// The members sit on several hosts, as many on each (comm->hierarchy), and the setting does
-// not turn it off. Automatic allreduce leaves latency-bound ones to recursive doubling, which
+// The members sit on several hosts, more than one on some (comm->hierarchy), and the setting
+// does not turn it off. Automatic allreduce leaves latency-bound ones to recursive doubling, which
 // takes fewer steps.
 bool hierarchical_allreduce(const CollectiveCase& c) {
   return c.comm->hierarchy && c.hierarchical != 0 && (c.hierarchical == 1 || !latency_bound(c));

@@ -57,38 +57,53 @@ std::unique_ptr<Hierarchy> Hierarchy::build(const Communicator& comm,
     }
     members[it - hosts.begin()].push_back(i);
   }
-  const size_t local_size = members[0].size();
-  if (hosts.size() < 2 || local_size < 2) return nullptr;
-  for (const auto& m : members)
-    if (m.size() != local_size) return nullptr;
+  size_t lanes = members[0].size(), largest = 0;
+  for (const auto& m : members) {
+    lanes = std::min(lanes, m.size());
+    largest = std::max(largest, m.size());
+  }
+  if (hosts.size() < 2 || largest < 2) return nullptr;
 
   auto h = std::make_unique<Hierarchy>();
-  const int my_host = int(std::find(hosts.begin(), hosts.end(), host_ids[comm.rank]) -
-                          hosts.begin());
-  h->local = sub_communicator(comm, members[my_host]);
-  std::vector<int> same_index;
-  for (const auto& m : members) same_index.push_back(m[h->local.rank]);
-  h->cross = sub_communicator(comm, same_index);
+  h->hosts = int(hosts.size());
+  h->lanes = int(lanes);
+  h->my_host = int(std::find(hosts.begin(), hosts.end(), host_ids[comm.rank]) - hosts.begin());
+  h->local = sub_communicator(comm, members[h->my_host]);
+  // My lane's ring: the members of my local index on every host; past the lanes, just me.
+  std::vector<int> lane{comm.rank};
+  if (h->local.rank < h->lanes) {
+    lane.clear();
+    for (const auto& m : members) lane.push_back(m[h->local.rank]);
+  }
+  h->cross = sub_communicator(comm, lane);
   h->hosts_contiguous = true;
   for (const auto& m : members) {
     h->host_first.push_back(m.front());
+    h->host_size.push_back(int(m.size()));
     h->hosts_contiguous = h->hosts_contiguous && m.back() - m.front() + 1 == int(m.size());
   }
   return h;
 }
 
+std::vector<size_t> Hierarchy::lane_blocks(size_t total) const {
+  std::vector<size_t> blocks = even_blocks(total, lanes);
+  blocks.resize(local.size, 0);
+  return blocks;
+}
+
 namespace {
 
-// One segment's three steps; `cross` runs the middle one (in place, my block). The block
-// sizes depend only on the segment and the local size, so every member of a cross ring has the
-// same block and chooses the same cross-host algorithm.
+// One segment's three steps; `cross` runs the middle one (in place, my block; nothing past the
+// lanes, whose blocks are empty). The block sizes depend only on the segment and the number of
+// lanes, so every member of a lane's ring has the same block and chooses the same cross-host
+// algorithm.
 struct SegmentSteps {
   const Hierarchy& h;
   DataType dtype;
   ReduceOp op;
   size_t ring_threshold_bytes;
 
-  std::vector<size_t> blocks(size_t count) const { return even_blocks(count, h.local.size); }
+  std::vector<size_t> blocks(size_t count) const { return h.lane_blocks(count); }
   void reduce_scatter(uint8_t* seg, size_t count, Scratch& scratch) const {
     reducescatter_ring(h.local, seg, blocks(count), dtype, op, scratch);
   }
@@ -233,38 +248,38 @@ void allreduce_hierarchical(const Communicator& comm, void* buf, size_t count, D
 void allgather_hierarchical(const Communicator& comm, void* out, const std::vector<size_t>& bytes,
                             const StepMarker& step) {
   const Hierarchy& h = *comm.hierarchy;
-  const int hosts = h.cross.size, local_size = h.local.size;
-  const int my_host = h.cross.rank, my_index = h.local.rank;
+  const int my_index = h.local.rank;
   const std::vector<size_t> offsets = prefix_offsets(bytes);
   auto* base = static_cast<uint8_t*>(out);
-  // Host g's region: the blocks of its members, back to back; and its pieces, one per local
-  // index, back to back.
-  std::vector<size_t> region_at(hosts), region_bytes(hosts);
-  std::vector<std::vector<size_t>> pieces(hosts);
-  for (int g = 0; g < hosts; ++g) {
+  // Host g's region: the blocks of its members, back to back; and its pieces, one per lane,
+  // back to back (none for the local indices past the lanes).
+  std::vector<size_t> region_at(h.hosts);
+  std::vector<std::vector<size_t>> pieces(h.hosts);
+  for (int g = 0; g < h.hosts; ++g) {
     const int first = h.host_first[g];
     region_at[g] = offsets[first];
-    region_bytes[g] = offsets[first + local_size] - offsets[first];
-    pieces[g] = even_blocks(region_bytes[g], local_size);
+    pieces[g] = h.lane_blocks(offsets[first + h.host_size[g]] - offsets[first]);
   }
   {
     Step s(step, "INTRA_HOST_ALLGATHER");
-    std::vector<size_t> mine(bytes.begin() + h.host_first[my_host],
-                             bytes.begin() + h.host_first[my_host] + local_size);
-    allgather_ring(h.local, base + region_at[my_host], mine);
+    const auto mine = bytes.begin() + h.host_first[h.my_host];
+    allgather_ring(h.local, base + region_at[h.my_host],
+                   std::vector<size_t>(mine, mine + h.local.size));
   }
   {
     Step s(step, "CROSS_HOST_ALLGATHER");
-    std::vector<size_t> at(hosts), len(hosts);
-    for (int g = 0; g < hosts; ++g) {
-      at[g] = region_at[g] + prefix_offsets(pieces[g])[my_index];
-      len[g] = pieces[g][my_index];
+    if (my_index < h.lanes) {
+      std::vector<size_t> at(h.hosts), len(h.hosts);
+      for (int g = 0; g < h.hosts; ++g) {
+        at[g] = region_at[g] + prefix_offsets(pieces[g])[my_index];
+        len[g] = pieces[g][my_index];
+      }
+      allgather_ring_at(h.cross, base, at, len);
     }
-    allgather_ring_at(h.cross, base, at, len);
   }
   Step s(step, "INTRA_HOST_SHARE");
-  for (int g = 0; g < hosts; ++g)
-    if (g != my_host) allgather_ring(h.local, base + region_at[g], pieces[g]);
+  for (int g = 0; g < h.hosts; ++g)
+    if (g != h.my_host) allgather_ring(h.local, base + region_at[g], pieces[g]);
 }
 
 }  // namespace shvd

@@ -3,11 +3,12 @@
 // member's own link at the same time, and everything else moves within the hosts (over the
 // shared-memory pipes between a host's ranks where shared memory is on).
 //
-//   allreduce (allreduce_hierarchical): the buffer is split into one block per local index;
+//   allreduce (allreduce_hierarchical): the buffer is split into one block per lane (local
+//   index below the smallest host's number of members; see Hierarchy);
 //     1. INTRA_HOST_REDUCESCATTER  ring reduce-scatter among my host's members: I hold my
-//                                  block reduced over my host
+//                                  block reduced over my host (members past the lanes: none)
 //     2. CROSS_HOST_ALLREDUCE      allreduce of my block with the members of the same local
-//                                  index on the other hosts (one ring per local index, all at
+//                                  index on the other hosts (one ring per lane, all at
 //                                  once; recursive doubling when the block is latency-bound)
 //     3. INTRA_HOST_ALLGATHER      ring allgather of the blocks among my host's members
 //   Large buffers go segment by segment through the three steps, pipelined: a thread of the
@@ -20,19 +21,18 @@
 //
 //   allgather (allgather_hierarchical), with each host's members consecutive in the set, so
 //   each host's blocks form one region of the output: every region is split into one piece
-//   per local index;
+//   per lane;
 //     1. INTRA_HOST_ALLGATHER   ring allgather among my host's members: my host's region
-//     2. CROSS_HOST_ALLGATHER   ring allgather of piece (my local index) of every region with
-//                               the members of my local index on the other hosts
+//     2. CROSS_HOST_ALLGATHER   ring allgather of piece (my lane) of every region with the
+//                               members of my lane on the other hosts
 //     3. INTRA_HOST_SHARE       per other host, ring allgather of its region's pieces among
 //                               my host's members
 //
 // Compared with the flat ring over 2 hosts of 2 ranks, each host sends half the allreduce's
 // bytes instead of three quarters (2/3 of the wire time), and half an allgather's instead of
-// three quarters.
-//
-// Hosts with different numbers of members have no Hierarchy: their sets run the flat
-// algorithms (see Hierarchy::build).
+// three quarters. Hosts of different sizes (3 + 1) have as many lanes as the smallest host has
+// members: fewer parallel rings, but still each host's data crosses once (a flat ring over
+// 3 + 1 ranks sends 1.5 times the buffer out of each host, one lane once).
 #pragma once
 
 #include <memory>
@@ -47,20 +47,28 @@ namespace shvd {
 // host ids (the rendezvous'), so all members agree on it, and on whether it exists, without a
 // message.
 struct Hierarchy {
+  int hosts = 0;    // hosts in the order of their first member in the set
+  int my_host = 0;
+  // Cross-host rings, one per local index below the smallest host's number of members: lane i
+  // joins the members of local index i of every host. Hosts with more members than lanes
+  // give their further members empty blocks (they reduce and share within the host only).
+  int lanes = 0;
   Communicator local;  // my host's members, in set order
-  // The members with my local index, one per host, hosts in the order of their first member
-  // in the set: my index here is my host's.
+  // My lane's ring, hosts in order (my index there is my host's); just me past the lanes.
   Communicator cross;
   // Every host's members are consecutive in the set (what allgather_hierarchical needs);
-  // host_first[h]: the set index of host h's first member.
+  // host_first[h] / host_size[h]: the set index of host h's first member, its members.
   bool hosts_contiguous = false;
-  std::vector<int> host_first;
+  std::vector<int> host_first, host_size;
   // The cross-host steps' scratch: they run on a thread of their own (allreduce_hierarchical).
   mutable Scratch cross_scratch;
 
+  // `total` split into one block per lane, then empty blocks up to my host's size: how a
+  // buffer (or a host's region) is shared among the host's members.
+  std::vector<size_t> lane_blocks(size_t total) const;
+
   // The hierarchy of `comm` whose member i is on host `host_ids[i]`; nullptr when the members
-  // are on one host, when some host has a single member, or when hosts have different numbers
-  // of members (then each local index has no partner on some host; the flat algorithms run).
+  // are on one host or each host has a single one (nothing to do within hosts).
   static std::unique_ptr<Hierarchy> build(const Communicator& comm,
                                           const std::vector<std::string>& host_ids);
 };

@@ -170,12 +170,6 @@ const Communicator& Engine::communicator(int process_set) {
     auto hierarchy = Hierarchy::build(c, member_hosts);
     c.hierarchy = hierarchy.get();
     if (hierarchy) hierarchies_[process_set] = std::move(hierarchy);
-    else if (c.rank == 0 && (options_.hierarchical_allreduce == 1 ||
-                             options_.hierarchical_allgather == 1) &&
-             std::count(member_hosts.begin(), member_hosts.end(), member_hosts[0]) != c.size)
-      log_message(LogLevel::kInfo,
-                  "process set %d spans hosts with different numbers of its ranks: its "
-                  "collectives run flat, not hierarchical", process_set);
   }
   return communicators_.emplace(process_set, std::move(c)).first->second;
 }

@@ -1,5 +1,6 @@
 // Hierarchy::build (algorithms/hierarchical.h): which sets get a hierarchy, and the local and
-// cross sub-communicators it gives each member, for hosts in blocks, interleaved, uneven.
+// cross sub-communicators it gives each member, for hosts in blocks, interleaved, of different
+// sizes.
 #include <string>
 #include <vector>
 
@@ -52,14 +53,35 @@ void test_interleaved_hosts() {
   CHECK(globals(h->cross) == (std::vector<int>{13, 14, 15}) && h->cross.rank == 2);
 }
 
+void test_uneven_hosts() {
+  // 3 + 1: one lane, the ring of local index 0 on both hosts; members 1 and 2 have none.
+  const std::vector<std::string> ids{"a", "a", "a", "b"};
+  for (int me = 0; me < 4; ++me) {
+    auto h = Hierarchy::build(comm_of(4, me), ids);
+    CHECK(h != nullptr && h->lanes == 1 && h->hosts == 2 && h->hosts_contiguous);
+    CHECK((h->host_size == std::vector<int>{3, 1}) && h->my_host == (me == 3 ? 1 : 0));
+    if (me == 0 || me == 3) {
+      CHECK(globals(h->cross) == (std::vector<int>{10, 13}) && h->cross.rank == me / 3);
+    } else {
+      CHECK(globals(h->cross) == std::vector<int>{10 + me} && h->cross.rank == 0);
+    }
+    // The buffer is the lane's block; the further members' blocks are empty.
+    CHECK(h->lane_blocks(7) == (me == 3 ? std::vector<size_t>{7}
+                                        : std::vector<size_t>{7, 0, 0}));
+  }
+  // 3 + 2: two lanes.
+  auto h = Hierarchy::build(comm_of(5, 4), {"a", "a", "a", "b", "b"});
+  CHECK(h != nullptr && h->lanes == 2 && globals(h->cross) == (std::vector<int>{11, 14}));
+  CHECK(h->lane_blocks(5) == (std::vector<size_t>{3, 2}));
+}
+
 void test_no_hierarchy() {
-  // One host; one member per host; hosts of different sizes (3 + 1, 2 + 1); not a member.
+  // One host; one member per host; not a member; host ids missing.
   CHECK(Hierarchy::build(comm_of(3, 0), {"a", "a", "a"}) == nullptr);
   CHECK(Hierarchy::build(comm_of(2, 1), {"a", "b"}) == nullptr);
-  CHECK(Hierarchy::build(comm_of(4, 3), {"a", "a", "a", "b"}) == nullptr);
-  CHECK(Hierarchy::build(comm_of(3, 0), {"a", "a", "b"}) == nullptr);
+  CHECK(Hierarchy::build(comm_of(3, 2), {"a", "b", "c"}) == nullptr);
   CHECK(Hierarchy::build(comm_of(4, -1), {"a", "a", "b", "b"}) == nullptr);
-  CHECK(Hierarchy::build(comm_of(4, 0), {"a", "a", "b"}) == nullptr);  // ids missing
+  CHECK(Hierarchy::build(comm_of(4, 0), {"a", "a", "b"}) == nullptr);
 }
 
 }  // namespace
@@ -68,6 +90,7 @@ int main(int argc, char** argv) {
   if (argc > 1) shvd_test::g_filter = argv[1];
   run_test("hierarchy: hosts in blocks", test_hosts_in_blocks);
   run_test("hierarchy: interleaved hosts", test_interleaved_hosts);
+  run_test("hierarchy: uneven hosts", test_uneven_hosts);
   run_test("hierarchy: none where it cannot help", test_no_hierarchy);
   return shvd_test::summary();
 }
