@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Multi-host benchmark: spark_hvd hierarchical vs flat ring vs Open MPI vs gloo on 2 hosts x 2.
 
-    .venv/bin/python benchmarks/multihost.py              # 3 rounds, about 10 minutes (2 cores)
-    .venv/bin/python benchmarks/multihost.py --quick      # a smoke run, under a minute
+    .venv/bin/python benchmarks/multihost.py              # 3 rounds, 15-20 minutes (2 loaded cores)
+    .venv/bin/python benchmarks/multihost.py --quick      # a smoke run, 1-2 minutes
     .venv/bin/python benchmarks/multihost.py --rate 1gbit --sizes 16MiB,64MiB --systems hier,flat
 
 Needs root and iproute2 (it builds the multi-host bed of tests/multihost/bed.py: two network
@@ -462,10 +462,17 @@ def report(stats, runs, plan, args, started):
     out.append(table(headers, rows, ["l"] + ["r"] * (len(headers) - 1)))
     if any(stats[s].get("wire") for s in systems):
         out += ["", "Bytes h0 sent to h1 per allreduce, in units of the message (its eth0 counter "
-                    "over all ops of the size; the least possible is 1.00, a flat ring's 1.50):",
-                ""]
-        rows = [[fmt_size(n)] + [f"{stats[s]['wire'][n]:.2f}" if n in stats[s].get("wire", {})
-                                 else "-" for s in systems] for n, _, _ in plan["sizes"]]
+                    "over all ops of the size; the least possible is 1.00, a flat ring's 1.50), "
+                    f"and h0's egress while timed as a share of {args.rate}: "
+                    "below ~95 % the wire is not what limits the system", ""]
+
+        def wire_cell(s, n):
+            factor, (bw, _) = stats[s].get("wire", {}).get(n), cell(stats, s, n)
+            if factor is None or bw is None:
+                return "-"
+            egress = bw / (2 * (NP - 1) / NP) * factor * 1e9  # algorithm bytes/s x factor
+            return f"{factor:.2f} · {egress / rate_bytes_per_s(args.rate):.0%}"
+        rows = [[fmt_size(n)] + [wire_cell(s, n) for s in systems] for n, _, _ in plan["sizes"]]
         out.append(table(["size"] + [LABEL[s] for s in systems], rows,
                          ["l"] + ["r"] * len(systems)))
     if plan.get("train"):
