@@ -227,6 +227,10 @@ HOROVOD_VARIABLES = {
     "LOG_LEVEL": HorovodVariable(HONOURED, "level of the launcher's, the Python side's and the "
                                  "native core's messages"),
     "SPARK_START_TIMEOUT": HorovodVariable(HONOURED, "spark_hvd.spark.run's start timeout"),
+    "GLOO_IFACE": HorovodVariable(HONOURED, "every rank's listener binds to, and advertises, its "
+                                  "host's address on this interface (as NETWORK_INTERFACE)"),
+    "NETWORK_INTERFACE": HorovodVariable(HONOURED, "interface (or comma list) every rank's "
+                                         "listener binds to and advertises"),
     "HIERARCHICAL_ALLREDUCE": HorovodVariable(HONOURED, "1 / 0 force hierarchical allreduce on "
                                               "/ off where a set spans hosts; unset: automatic"),
     "HIERARCHICAL_ALLGATHER": HorovodVariable(HONOURED, "1 / 0 force hierarchical allgather on "
@@ -265,7 +269,7 @@ HOROVOD_VARIABLES = {
     # Set by horovodrun / Horovod's Gloo launcher for each rank; read when the job is discovered.
     **{name: HorovodVariable(BOOTSTRAP, "set by horovodrun for each rank")
        for name in ("RANK", "SIZE", "LOCAL_RANK", "LOCAL_SIZE", "CROSS_RANK", "CROSS_SIZE",
-                    "HOSTNAME", "GLOO_RENDEZVOUS_ADDR", "GLOO_RENDEZVOUS_PORT", "GLOO_IFACE")},
+                    "HOSTNAME", "GLOO_RENDEZVOUS_ADDR", "GLOO_RENDEZVOUS_PORT")},
     # Options of Horovod's installer, meaningless once installed.
     **{name: HorovodVariable(NO_EFFECT, _INSTALLER)
        for name in ("WITH_PYTORCH", "WITH_TENSORFLOW", "WITH_MXNET", "WITH_MPI", "WITH_GLOO",
