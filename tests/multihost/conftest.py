@@ -4,9 +4,16 @@ namespaces cannot be made."""
 
 from __future__ import annotations
 
+import os
+import sys
+
 import pytest
 
-from bed import Bed, unavailable_reason
+# The tests and helpers here import their neighbours by bare name (``from bed import Bed``), as
+# benchmarks/multihost.py does with this folder on its path.
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from bed import Bed, unavailable_reason  # noqa: E402
 
 _REASON = unavailable_reason()
 
