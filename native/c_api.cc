@@ -26,6 +26,13 @@ static_assert(int(OpType::kAllreduce) == SHVD_OP_ALLREDUCE &&
                   int(OpType::kRemoveProcessSet) == SHVD_OP_REMOVE_PROCESS_SET,
               "OpType must equal the SHVD_OP_* codes of spark_hvd.h");
 
+static_assert(kFixFusionThreshold == SHVD_AUTOTUNE_FIX_FUSION_THRESHOLD &&
+                  kFixCycleTime == SHVD_AUTOTUNE_FIX_CYCLE_TIME &&
+                  kFixCache == SHVD_AUTOTUNE_FIX_CACHE &&
+                  kFixHierarchicalAllreduce == SHVD_AUTOTUNE_FIX_HIERARCHICAL_ALLREDUCE &&
+                  kFixHierarchicalAllgather == SHVD_AUTOTUNE_FIX_HIERARCHICAL_ALLGATHER,
+              "the kFix* bits must equal the SHVD_AUTOTUNE_FIX_* codes of spark_hvd.h");
+
 namespace {
 
 std::mutex g_mu;
@@ -297,6 +304,18 @@ int32_t shvd_init(const shvd_init_options* o) {
     eo.hierarchical_allreduce = o->hierarchical_allreduce;
     eo.hierarchical_allgather = o->hierarchical_allgather;
     for (const PeerAddress& p : mo.peers) eo.host_ids.push_back(p.host_id);
+    eo.autotune.enabled = o->autotune != 0;
+    eo.autotune.log_path = o->autotune_log ? o->autotune_log : "";
+    eo.autotune.warmup_samples = o->autotune_warmup_samples;
+    eo.autotune.steps_per_sample = o->autotune_steps_per_sample;
+    eo.autotune.max_samples = o->autotune_bayes_opt_max_samples;
+    eo.autotune.noise = o->autotune_gaussian_process_noise;
+    eo.autotune.fixed = uint32_t(o->autotune_fixed);
+    if (eo.autotune.enabled &&
+        (eo.autotune.warmup_samples < 0 || eo.autotune.steps_per_sample < 1 ||
+         eo.autotune.max_samples < 1 || !(eo.autotune.noise > 0)))
+      return fail(SHVD_ERR_INVALID, "autotune: warm-up samples must be >= 0, steps per sample "
+                                    "and samples >= 1, and the noise > 0");
     const int32_t* ranks = o->process_set_ranks;
     for (int i = 0; i < o->num_process_sets; ++i) {
       eo.static_process_sets.emplace_back(ranks, ranks + o->process_set_sizes[i]);
@@ -342,6 +361,18 @@ ENGINE_FIELD(shvd_cross_size, cross_size)
 int32_t shvd_shared_memory_enabled(void) {
   REQUIRE_ENGINE(e);
   return e->shared_memory() ? 1 : 0;
+}
+
+int32_t shvd_tuned_parameters(double* out, int32_t n) {
+  REQUIRE_ENGINE(e);
+  uint64_t generation = 0;
+  const TunedParams p = e->executed_params(&generation);
+  const double values[] = {double(generation), double(p.fusion_threshold_bytes), p.cycle_time_ms,
+                           p.cache_enabled ? 1.0 : 0.0, double(p.hierarchical_allreduce),
+                           double(p.hierarchical_allgather), p.tuning ? 1.0 : 0.0};
+  const int32_t count = int32_t(std::size(values));
+  for (int32_t i = 0; i < std::min(n, count); ++i) out[i] = values[i];
+  return count;
 }
 
 void* shvd_shared_alloc(int64_t bytes) {

@@ -152,7 +152,8 @@ NAMES = ("SPARK_HVD_FUSION_THRESHOLD", "SPARK_HVD_CYCLE_TIME", "SPARK_HVD_CACHE_
          "SPARK_HVD_TIMELINE", "SPARK_HVD_TIMELINE_MARK_CYCLES", "SPARK_HVD_STALL_CHECK_DISABLE",
          "SPARK_HVD_STALL_CHECK_TIME_SECONDS", "SPARK_HVD_START_TIMEOUT",
          "SPARK_HVD_LOG_LEVEL", "SPARK_HVD_HIERARCHICAL_ALLREDUCE",
-         "SPARK_HVD_HIERARCHICAL_ALLGATHER", "SPARK_HVD_NETWORK_INTERFACE")
+         "SPARK_HVD_HIERARCHICAL_ALLGATHER", "SPARK_HVD_NETWORK_INTERFACE",
+         "SPARK_HVD_AUTOTUNE", "SPARK_HVD_AUTOTUNE_WARMUP_SAMPLES")
 
 
 @pytest.mark.timeout(60)
@@ -219,7 +220,8 @@ def test_config_file(tmp_path):
     assert v["SPARK_HVD_LOG_LEVEL"] == "INFO"
     assert v["SPARK_HVD_HIERARCHICAL_ALLREDUCE"] == "1"
     assert "library_options.thread_affinity ignored" in done.stderr
-    assert "autotune.warmup_samples ignored" in done.stderr
+    assert v["SPARK_HVD_AUTOTUNE"] == "0"
+    assert v["SPARK_HVD_AUTOTUNE_WARMUP_SAMPLES"] == "3"
     # logging.level INFO is the launcher's level too: its plan is shown.
     assert "rank 0 on localhost locally" in done.stderr
 
@@ -278,7 +280,7 @@ def test_default_log_level_is_quiet():
 
 # -- HOROVOD_* variables ---------------------------------------------------------------------------
 
-WARN_ENV = {"HOROVOD_AUTOTUNE": "1", "HOROVOD_THREAD_AFFINITY": "0,1",
+WARN_ENV = {"HOROVOD_DISABLE_GROUP_FUSION": "1", "HOROVOD_THREAD_AFFINITY": "0,1",
             "HOROVOD_HIERARCHICAL_ALLREDUCE": "0",  # honoured: no warning
             "HOROVOD_CONTROLLER": "gloo",  # likewise
             "HOROVOD_MPI_THREADS_DISABLE": "1",  # no effect, said in the table: no warning
@@ -293,7 +295,7 @@ def test_unsupported_variables_warned_once_per_process():
     assert r.returncode == 0, r.describe()
     for rank in range(2):
         err = r.lines(rank, "stderr")
-        for name in ("HOROVOD_AUTOTUNE=1", "HOROVOD_THREAD_AFFINITY=0,1"):
+        for name in ("HOROVOD_DISABLE_GROUP_FUSION=1", "HOROVOD_THREAD_AFFINITY=0,1"):
             hits = [line for line in err if line.startswith(f"spark_hvd WARNING: {name} is set")]
             assert len(hits) == 1, (name, r.describe())
             assert hits[0].endswith("it is ignored")

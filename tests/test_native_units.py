@@ -1,6 +1,7 @@
 """Builds and runs C++ programs of native/tests/: controller_test.cc (the response cache, the
 mismatch diagnosis, the stall inspector, the shared-memory negotiation board and the
-coordinator), hierarchy_test.cc (how sets spanning hosts split for hierarchical collectives)
+coordinator), hierarchy_test.cc (how sets spanning hosts split for hierarchical collectives),
+autotune_test.cc (the Gaussian process, Bayesian optimisation and the autotuner's sampling)
 and wakeup_bench.cc (what a cross-process hand-off costs here; printed with -s).
 
 Each program is compiled by build.build_test_program with the library's release flags and cached
@@ -44,6 +45,14 @@ HIERARCHY_TEST = [
     "transport/link.cc",
     "common/types.cc",
 ]
+AUTOTUNE_TEST = [
+    "tests/autotune_test.cc",
+    "controller/autotune.cc",
+    "controller/bayes_opt.cc",
+    "controller/message.cc",
+    "common/logging.cc",
+    "common/types.cc",
+]
 RUN_TIMEOUT_S = 120
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"),
@@ -68,6 +77,10 @@ def test_controller_units() -> None:
 
 def test_hierarchy_units() -> None:
     _run("hierarchy_test", HIERARCHY_TEST)
+
+
+def test_autotune_units() -> None:
+    _run("autotune_test", AUTOTUNE_TEST)
 
 
 def test_wakeup_costs() -> None:

@@ -41,6 +41,9 @@ class Coordinator {
   // Responses for every tensor that is ready on all members (fused where possible).
   std::vector<Response> take_ready();
 
+  // Autotuning changes the fusion threshold between response batches.
+  void set_fusion_threshold(size_t bytes) { options_.fusion_threshold_bytes = bytes; }
+
   bool all_shut_down() const { return int(shut_down_.size()) == world_size_; }
 
   // The shared-memory negotiation every rank uses for cached allreduces (nullptr: none). The

@@ -146,6 +146,15 @@ std::string encode(const ResponseBatch& b) {
   Writer w;
   w.pod<uint8_t>(b.shutdown);
   w.str(b.abort);
+  w.pod<uint8_t>(b.has_params);
+  if (b.has_params) {
+    w.pod(b.params.fusion_threshold_bytes);
+    w.pod(b.params.cycle_time_ms);
+    w.pod<uint8_t>(b.params.cache_enabled);
+    w.pod(b.params.hierarchical_allreduce);
+    w.pod(b.params.hierarchical_allgather);
+    w.pod<uint8_t>(b.params.tuning);
+  }
   w.pod<uint32_t>(b.responses.size());
   for (const auto& r : b.responses) {
     w.pod<int32_t>(int32_t(r.op));
@@ -175,6 +184,15 @@ ResponseBatch decode_response_batch(const std::string& bytes) {
   ResponseBatch b;
   b.shutdown = rd.pod<uint8_t>();
   b.abort = rd.str();
+  b.has_params = rd.pod<uint8_t>();
+  if (b.has_params) {
+    b.params.fusion_threshold_bytes = rd.pod<uint64_t>();
+    b.params.cycle_time_ms = rd.pod<double>();
+    b.params.cache_enabled = rd.pod<uint8_t>();
+    b.params.hierarchical_allreduce = rd.pod<int32_t>();
+    b.params.hierarchical_allgather = rd.pod<int32_t>();
+    b.params.tuning = rd.pod<uint8_t>();
+  }
   uint32_t n = rd.pod<uint32_t>();
   b.responses.resize(n);
   for (auto& r : b.responses) {

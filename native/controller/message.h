@@ -73,8 +73,31 @@ struct Response {
 // scaling, process set and joined ranks).
 bool fusable_allreduces(const Response& a, const Response& b);
 
+// The engine's run-time settings that autotuning changes (controller/autotune.h). Rank 0 sends
+// new values with a response batch; every rank applies them where it executes that batch, before
+// its responses, so all ranks switch at the same point of the same sequence.
+struct TunedParams {
+  uint64_t fusion_threshold_bytes = 128u << 20;
+  double cycle_time_ms = 0.5;
+  bool cache_enabled = true;  // ranks send response-cache ids for requests answered before
+  // Hierarchical collectives where a process set spans hosts: -1 the dispatcher decides, 0 off,
+  // 1 on (Horovod's HOROVOD_HIERARCHICAL_ALLREDUCE / _ALLGATHER).
+  int32_t hierarchical_allreduce = -1;
+  int32_t hierarchical_allgather = -1;
+  bool tuning = false;  // still sampling (false: the final, best values)
+
+  bool operator==(const TunedParams& o) const {
+    return fusion_threshold_bytes == o.fusion_threshold_bytes &&
+           cycle_time_ms == o.cycle_time_ms && cache_enabled == o.cache_enabled &&
+           hierarchical_allreduce == o.hierarchical_allreduce &&
+           hierarchical_allgather == o.hierarchical_allgather && tuning == o.tuning;
+  }
+};
+
 struct ResponseBatch {
   std::vector<Response> responses;
+  bool has_params = false;  // `params` apply from this batch on
+  TunedParams params;
   bool shutdown = false;
   std::string abort;  // non-empty: the job is being torn down (a peer died)
 };

@@ -31,6 +31,22 @@ Engine::Engine(EngineOptions options, Mesh mesh, bool shared_memory)
       mesh_(std::move(mesh)),
       shared_memory_(shared_memory),
       cache_(options_.coordinator.cache_capacity, options_.size) {
+  tuned_.fusion_threshold_bytes = options_.coordinator.fusion_threshold_bytes;
+  tuned_.cycle_time_ms = options_.cycle_time_ms;
+  tuned_.cache_enabled = cache_.enabled();
+  tuned_.hierarchical_allreduce = options_.hierarchical_allreduce;
+  tuned_.hierarchical_allgather = options_.hierarchical_allgather;
+  if (options_.rank == 0 && options_.autotune.enabled) {
+    AutotuneOptions tune = options_.autotune;
+    if (!cache_.enabled()) tune.fixed |= kFixCache;  // no cache to switch on
+    tune.spans_hosts = options_.cross_size > 1;
+    autotuner_ = std::make_unique<Autotuner>(tune, tuned_);
+    // Nothing to tune after all: the other ranks learn so with the first batch.
+    params_due_ = !autotuner_->active();
+  }
+  // Every rank starts as "tuning" when autotuning was asked for, as rank 0 tells them.
+  tuned_.tuning = options_.autotune.enabled;
+  executed_params_ = tuned_;
   sets_.reset(options_.size);
   for (const auto& ranks : options_.static_process_sets) sets_.add(ranks);
   if (options_.rank == 0)
@@ -362,7 +378,8 @@ void Engine::submit_queued(bool burst_over) {
   for (Entry& e : entries) {
     const Request& req = e.request;
     if (timeline_.active()) timeline_.begin(req.name, "NEGOTIATE");
-    const int64_t cached = cache_.lookup(req);
+    // Autotuning may switch the cache off: the requests then go out in full.
+    const int64_t cached = tuned_.cache_enabled ? cache_.lookup(req) : -1;
     const ResponseCache::Answer* answer = cached >= 0 ? cache_.answer(uint32_t(cached)) : nullptr;
     // On the board, the id stands for its cached response, which must be for this process set
     // (a name can have been answered last on another one).
@@ -432,20 +449,64 @@ void Engine::run_coordinator(bool burst_over) {
         }
   }
   batch.shutdown = coordinator_->all_shut_down();
-  if (!batch.responses.empty() || batch.shutdown) {
-    const std::string frame = encode(batch);
-    // With a board, every rank executes the batch where its marker stands in the log.
-    if (board_) board_->append(NegotiationBoard::kMarker | (batches_sent_++ & NegotiationBoard::kValueMask));
-    for (int r = 1; r < options_.size; ++r) send_frame(mesh_.control[r].get(), frame);
-    if (board_) tcp_batches_.push_back(std::move(batch));
-    else run_batch(batch);
-  }
+  if (!batch.responses.empty() || batch.shutdown) send_batch(std::move(batch));
   read_board();
+  // A sample ended while executing: the new setting goes out at once, on its own (waiting for
+  // the next responses would measure the next sample's first ops with the old one).
+  if (params_due_ && !finished_) {
+    send_batch(ResponseBatch());
+    read_board();
+  }
+}
+
+void Engine::send_batch(ResponseBatch batch) {
+  if (params_due_) {
+    batch.has_params = true;
+    batch.params = autotuner_->proposal();
+    params_due_ = false;
+  }
+  const std::string frame = encode(batch);
+  // With a board, every rank executes the batch where its marker stands in the log.
+  if (board_) board_->append(NegotiationBoard::kMarker | (batches_sent_++ & NegotiationBoard::kValueMask));
+  for (int r = 1; r < options_.size; ++r) send_frame(mesh_.control[r].get(), frame);
+  if (board_) tcp_batches_.push_back(std::move(batch));
+  else run_batch(batch);
 }
 
 void Engine::run_batch(const ResponseBatch& batch) {
+  if (batch.has_params) apply_params(batch.params);
   for (const Response& resp : batch.responses) execute(resp);
   if (batch.shutdown) finished_ = true;
+}
+
+void Engine::apply_params(const TunedParams& params) {
+  tuned_ = params;
+  ++tuned_generation_;
+  board_fusion_bytes_ = params.fusion_threshold_bytes;
+  if (coordinator_) coordinator_->set_fusion_threshold(params.fusion_threshold_bytes);
+  if (autotuner_) autotuner_->started(Clock::now());
+}
+
+void Engine::note_collective(const Response& resp) {
+  if (executed_generation_ != tuned_generation_) {
+    std::lock_guard<std::mutex> lock(executed_mu_);
+    executed_params_ = tuned_;
+    executed_generation_ = tuned_generation_;
+  }
+  if (!autotuner_) return;
+  size_t bytes = 0;
+  for (const auto& shape : resp.shapes) {
+    size_t n = dtype_size(resp.dtype);
+    for (int64_t d : shape) n *= size_t(d);
+    bytes += n;
+  }
+  if (autotuner_->record(resp.names, bytes, Clock::now())) params_due_ = true;
+}
+
+TunedParams Engine::executed_params(uint64_t* generation) const {
+  std::lock_guard<std::mutex> lock(executed_mu_);
+  *generation = executed_generation_;
+  return executed_params_;
 }
 
 void Engine::run_worker(bool burst_over) {
@@ -700,6 +761,7 @@ void Engine::execute_response(const Response& resp) {
     for (Entry* e : entries)
       if (e) complete(*e, resp.error_is_mismatch ? SHVD_ERR_INVALID : SHVD_ERR_INTERNAL, resp.error);
   } else if (my_index >= 0) {
+    note_collective(resp);
     const Communicator& comm = communicator(resp.process_set);
     switch (resp.op) {
       case OpType::kAllreduce: run_allreduce(resp, entries, comm); break;

@@ -24,6 +24,7 @@
 #include "../algorithms/collectives.h"
 #include "../algorithms/hierarchical.h"
 #include "../algorithms/shared_memory_group.h"
+#include "../controller/autotune.h"
 #include "../controller/coordinator.h"
 #include "../controller/message.h"
 #include "../controller/negotiation_board.h"
@@ -62,6 +63,8 @@ struct EngineOptions {
   // Negotiate cached allreduces through shared memory when every rank shares this host
   // (negotiation_board.h). Rank 0's setting applies to every rank.
   bool shm_negotiation = true;
+  // Autotuning of the run-time settings (TunedParams): rank 0's options apply.
+  AutotuneOptions autotune;
 };
 
 // One enqueued op as the engine keeps it until completion.
@@ -96,6 +99,12 @@ class Engine {
   // A user thread wants a result (it waits for or polls a handle): ends the current burst.
   void request_flush();
 
+  // The run-time settings the latest collective this rank executed ran with, and how many
+  // settings had been applied by then (0: the initial ones). Every rank executes the same
+  // sequence with the same settings, so after a step's results are in, every rank reads the
+  // same values here. Any thread.
+  TunedParams executed_params(uint64_t* generation) const;
+
  private:
   void loop();
   // Waits for local work, a peer's message or a deadline. True when it ended a burst (its
@@ -122,6 +131,13 @@ class Engine {
   void read_board();
   bool board_has_work() const;  // entries this rank can execute now
   void run_batch(const ResponseBatch& batch);
+  // Rank 0: sends a response batch to every rank (with the tuner's new setting when one is
+  // due) and runs it here, or, with a board, marks its place in the log.
+  void send_batch(ResponseBatch batch);
+  // Every rank, where it executes a batch that carries settings: they apply from here on.
+  void apply_params(const TunedParams& params);
+  // Before executing a collective: the tuner's measurement (rank 0) and executed_params().
+  void note_collective(const Response& resp);
 
   void run_coordinator(bool burst_over);
   void run_worker(bool burst_over);
@@ -211,8 +227,16 @@ class Engine {
   bool overlap_ = true;
   Clock::duration cycle_time() const {
     return std::chrono::duration_cast<Clock::duration>(
-        std::chrono::duration<double, std::milli>(options_.cycle_time_ms));
+        std::chrono::duration<double, std::milli>(tuned_.cycle_time_ms));
   }
+  // Run-time settings (engine thread): the options' values until rank 0 sends others.
+  TunedParams tuned_;
+  uint64_t tuned_generation_ = 0;        // settings applied so far
+  std::unique_ptr<Autotuner> autotuner_;  // rank 0 with autotuning on
+  bool params_due_ = false;               // the tuner's proposal waits to be sent
+  mutable std::mutex executed_mu_;        // executed_params(): read by user threads
+  TunedParams executed_params_;
+  uint64_t executed_generation_ = 0;
   bool shutdown_sent_ = false;
   bool finished_ = false;
   std::thread thread_;

@@ -48,13 +48,13 @@ double final_scale(const Response& r, int set_size) {
 }
 
 // What the dispatcher's rules look at, for response `r` of `count` elements on `comm`, with the
-// engine's settings `o` as they are now.
+// engine's options `o` and its run-time settings `t` as they are now (autotuning changes `t`).
 CollectiveCase collective_case(const Response& r, const Communicator& comm, size_t count,
-                               const EngineOptions& o) {
+                               const EngineOptions& o, const TunedParams& t) {
   CollectiveCase c;
   c.ring_threshold_bytes = o.ring_threshold_bytes;
-  c.hierarchical = r.op == OpType::kAllreduce   ? o.hierarchical_allreduce
-                   : r.op == OpType::kAllgather ? o.hierarchical_allgather
+  c.hierarchical = r.op == OpType::kAllreduce   ? t.hierarchical_allreduce
+                   : r.op == OpType::kAllgather ? t.hierarchical_allgather
                                                 : 0;
   c.op = r.op;
   c.comm = &comm;
@@ -110,7 +110,7 @@ void Engine::run_allreduce(const Response& r, std::vector<Entry*>& entries,
     counts.push_back(size_t(num_elements(s)));
     total += counts.back();
   }
-  CollectiveCase c = collective_case(r, comm, total, options_);
+  CollectiveCase c = collective_case(r, comm, total, options_, tuned_);
   for (Entry* e : entries) c.complete = c.complete && e;
   const Algorithm& algo = choose_algorithm(c);
   CollectiveCall call(comm, scratch_);
@@ -187,7 +187,8 @@ void Engine::run_allgather(const Response& r, Entry& e, const Communicator& comm
   const size_t mine = call.blocks[comm.rank];
   if (mine) std::memcpy(out.output.data() + my_offset, e.input, mine);
   call.tensors = {{nullptr, out.output.data(), out.output.size() / dtype_size(r.dtype)}};
-  run_collective(timeline_, r, collective_case(r, comm, call.tensors[0].count, options_), call);
+  run_collective(timeline_, r,
+                 collective_case(r, comm, call.tensors[0].count, options_, tuned_), call);
 }
 
 void Engine::run_broadcast(const Response& r, Entry& e, const Communicator& comm) {
@@ -196,7 +197,7 @@ void Engine::run_broadcast(const Response& r, Entry& e, const Communicator& comm
     std::memcpy(e.output, e.input, count * dtype_size(r.dtype));
   CollectiveCall call(comm, scratch_);
   call.tensors = {{e.output, e.output, count}};
-  run_collective(timeline_, r, collective_case(r, comm, count, options_), call);
+  run_collective(timeline_, r, collective_case(r, comm, count, options_, tuned_), call);
 }
 
 void Engine::run_alltoall(const Response& r, Entry& e, const Communicator& comm) {
@@ -221,7 +222,7 @@ void Engine::run_alltoall(const Response& r, Entry& e, const Communicator& comm)
   out.output_shape[0] = rows;
   const size_t count = size_t(num_elements(shape));
   call.tensors = {{e.input, out.output.data(), count}};
-  run_collective(timeline_, r, collective_case(r, comm, count, options_), call);
+  run_collective(timeline_, r, collective_case(r, comm, count, options_, tuned_), call);
 }
 
 void Engine::run_reducescatter(const Response& r, Entry& e, const Communicator& comm) {
@@ -244,7 +245,7 @@ void Engine::run_reducescatter(const Response& r, Entry& e, const Communicator& 
   CollectiveCall call(comm, scratch_);
   call.tensors = {{buf, buf, total}};
   call.blocks = counts;
-  run_collective(timeline_, r, collective_case(r, comm, total, options_), call);
+  run_collective(timeline_, r, collective_case(r, comm, total, options_, tuned_), call);
   size_t offset = 0;
   for (int i = 0; i < comm.rank; ++i) offset += counts[i];
   HandleState& out = *e.state;

@@ -97,7 +97,25 @@ typedef struct {
    * each: 1 always, 0 never, -1 automatic (allreduce when bandwidth-bound, allgather always). */
   int32_t hierarchical_allreduce;
   int32_t hierarchical_allgather;
+  /* Autotuning (HOROVOD_AUTOTUNE): rank 0 measures and decides, every rank applies the same
+   * settings at the same response batch. 0: off. */
+  int32_t autotune;
+  const char* autotune_log;             /* CSV of the samples, rank 0; NULL or "" for none */
+  int32_t autotune_warmup_samples;      /* samples measured but not used */
+  int32_t autotune_steps_per_sample;
+  int32_t autotune_bayes_opt_max_samples;
+  double autotune_gaussian_process_noise;
+  int32_t autotune_fixed;               /* SHVD_AUTOTUNE_FIX_* bits: settings the user gave */
 } shvd_init_options;
+
+/* Settings autotuning leaves alone (shvd_init_options.autotune_fixed). */
+enum {
+  SHVD_AUTOTUNE_FIX_FUSION_THRESHOLD = 1,
+  SHVD_AUTOTUNE_FIX_CYCLE_TIME = 2,
+  SHVD_AUTOTUNE_FIX_CACHE = 4,
+  SHVD_AUTOTUNE_FIX_HIERARCHICAL_ALLREDUCE = 8,
+  SHVD_AUTOTUNE_FIX_HIERARCHICAL_ALLGATHER = 16,
+};
 
 enum {
   SHVD_OP_ALLREDUCE = 0,
@@ -217,6 +235,13 @@ int32_t shvd_output_shape(int64_t handle, int64_t* shape, int32_t cap); /* ndim 
 /* alltoall: rows received from each member; join: [last joined rank]; add: [new set id]. */
 int32_t shvd_output_ints(int64_t handle, int64_t* out, int32_t cap);   /* count or -1 */
 int32_t shvd_release(int64_t handle);
+
+/* The run-time settings the latest collective of this rank ran with (autotuning changes them,
+ * on every rank at the same collective): out[0] settings applied before it (0: the initial
+ * ones), [1] fusion threshold bytes, [2] cycle time ms, [3] response cache on, [4]
+ * hierarchical allreduce, [5] hierarchical allgather (-1 chosen by the dispatcher, 0 off,
+ * 1 on), [6] 1 while autotuning still samples. Writes min(n, 7) values; returns 7. */
+int32_t shvd_tuned_parameters(double* out, int32_t n);
 
 int32_t shvd_start_timeline(const char* path, int32_t mark_cycles);
 int32_t shvd_stop_timeline(void);

@@ -11,7 +11,7 @@ _EXPORTS = {
                "gloo_built", "gloo_enabled", "init", "is_homogeneous", "is_initialized",
                "local_rank", "local_size", "mpi_built", "mpi_enabled", "mpi_threads_supported",
                "nccl_built", "rank", "rocm_built", "shared_memory_enabled", "shutdown", "size",
-               "start_timeline", "stop_timeline", "tcp_built"],
+               "start_timeline", "stop_timeline", "tcp_built", "tuned_parameters"],
     "exceptions": ["HorovodInternalError", "HostsUpdatedInterrupt"],
     "_ops": ["Adasum", "Average", "Max", "Min", "Product", "Sum"],
     "objects": ["allgather_object", "broadcast_object"],

@@ -219,7 +219,13 @@ def start(config, comm=None, process_sets=(), rendezvous=None, placement=None, s
         shm_pipe_bytes=config.shm_pipe_bytes,
         shm_negotiation=1 if config.shm_negotiation else 0,
         hierarchical_allreduce=config.hierarchical_allreduce,
-        hierarchical_allgather=config.hierarchical_allgather)
+        hierarchical_allgather=config.hierarchical_allgather,
+        autotune=1 if config.autotune else 0, autotune_log=config.autotune_log.encode(),
+        autotune_warmup_samples=config.autotune_warmup_samples,
+        autotune_steps_per_sample=config.autotune_steps_per_sample,
+        autotune_bayes_opt_max_samples=config.autotune_bayes_opt_max_samples,
+        autotune_gaussian_process_noise=config.autotune_gaussian_process_noise,
+        autotune_fixed=config.autotune_fixed_bits())
     try:
         check(lib.shvd_init(opts))
     except HorovodInternalError as e:

@@ -7,6 +7,7 @@ about each one that is set but not implemented, so none is silently ignored.
 """
 
 import logging
+import os
 import sys
 
 from . import _bootstrap_contract as contract
@@ -101,6 +102,7 @@ class Config:
         if overlap not in _OVERLAP:
             raise ValueError(f"SPARK_HVD_OVERLAP must be auto, 1 or 0, got {overlap!r}")
         self.overlap = _OVERLAP[overlap]
+        self._read_autotune()
         for name, value in (("FUSION_THRESHOLD", self.fusion_threshold),
                             ("CACHE_CAPACITY", self.cache_capacity),
                             ("SHM_CHUNK_BYTES", self.shm_chunk_bytes),
@@ -113,6 +115,45 @@ class Config:
             raise ValueError(f"SPARK_HVD_CYCLE_TIME must be >= 0 ms, got {self.cycle_time_ms}")
 
 
+    def _read_autotune(self):
+        """HOROVOD_AUTOTUNE and its settings (native/controller/autotune.h). A tunable setting
+        the user gave explicitly is fixed, as in Horovod."""
+        self.autotune = env_flag("AUTOTUNE")
+        self.autotune_log = env("AUTOTUNE_LOG", "") or ""
+        self.autotune_warmup_samples = env_int("AUTOTUNE_WARMUP_SAMPLES", 3)
+        self.autotune_steps_per_sample = env_int("AUTOTUNE_STEPS_PER_SAMPLE", 10)
+        self.autotune_bayes_opt_max_samples = env_int("AUTOTUNE_BAYES_OPT_MAX_SAMPLES", 20)
+        self.autotune_gaussian_process_noise = env_float("AUTOTUNE_GAUSSIAN_PROCESS_NOISE", 0.8)
+        self.autotune_fixed = [name for name in AUTOTUNE_FIXED_BITS if env(name) is not None]
+        if not self.autotune:
+            return
+        for name, value, least in (
+                ("AUTOTUNE_WARMUP_SAMPLES", self.autotune_warmup_samples, 0),
+                ("AUTOTUNE_STEPS_PER_SAMPLE", self.autotune_steps_per_sample, 1),
+                ("AUTOTUNE_BAYES_OPT_MAX_SAMPLES", self.autotune_bayes_opt_max_samples, 1)):
+            if value < least:
+                raise ValueError(f"{contract.set_name(name)} must be >= {least}, got {value}")
+        if not self.autotune_gaussian_process_noise > 0:
+            raise ValueError(f"{contract.set_name('AUTOTUNE_GAUSSIAN_PROCESS_NOISE')} must be "
+                             f"> 0, got {self.autotune_gaussian_process_noise}")
+        # Rank 0 writes the log; every rank checks its folder so that all fail alike.
+        folder = os.path.dirname(os.path.abspath(self.autotune_log)) if self.autotune_log else ""
+        if folder and not os.path.isdir(folder):
+            raise ValueError(f"{contract.set_name('AUTOTUNE_LOG')}={self.autotune_log}: the "
+                             f"folder {folder} does not exist")
+
+    def autotune_fixed_bits(self):
+        """The native core's bits for the settings autotuning leaves alone."""
+        bits = 0
+        for name in self.autotune_fixed:
+            bits |= AUTOTUNE_FIXED_BITS[name]
+        return bits
+
+
+# Settings autotuning would tune; one given explicitly stays fixed (SHVD_AUTOTUNE_FIX_* of
+# native/include/spark_hvd.h).
+AUTOTUNE_FIXED_BITS = {"FUSION_THRESHOLD": 1, "CYCLE_TIME": 2, "CACHE_CAPACITY": 4,
+                       "HIERARCHICAL_ALLREDUCE": 8, "HIERARCHICAL_ALLGATHER": 16}
 
 TIMELINE_DYNAMIC = "DYNAMIC"
 
@@ -197,8 +238,6 @@ _NOT_MPI = "MPI is not a transport here (spark_hvd uses its own TCP/shared-memor
 _OUR_TRANSPORT = ("spark_hvd always uses its own TCP/shared-memory transport (Horovod's gloo "
                   "slot; gloo_enabled() is True); other controllers and CPU operations are not "
                   "available")
-_AUTOTUNE = ("spark_hvd does not implement autotuning yet; set the fusion threshold and cycle "
-             "time yourself (HOROVOD_FUSION_THRESHOLD, HOROVOD_CYCLE_TIME)")
 _TORUS = ("torus allreduce is not implemented; HOROVOD_HIERARCHICAL_ALLREDUCE gives the "
           "same two-level allreduce (within each host, then across hosts)")
 _ELASTIC = ("elastic training is not implemented yet; run a fixed-size job and restart it from "
@@ -235,6 +274,14 @@ HOROVOD_VARIABLES = {
                                               "/ off where a set spans hosts; unset: automatic"),
     "HIERARCHICAL_ALLGATHER": HorovodVariable(HONOURED, "1 / 0 force hierarchical allgather on "
                                               "/ off where a set spans hosts; unset: automatic"),
+    "AUTOTUNE": HorovodVariable(HONOURED, "tune the fusion threshold, cycle time, response "
+                                "cache and hierarchical switches while training runs"),
+    "AUTOTUNE_LOG": HorovodVariable(HONOURED, "CSV of the autotune samples (rank 0)"),
+    "AUTOTUNE_WARMUP_SAMPLES": HorovodVariable(HONOURED, "autotune samples discarded first"),
+    "AUTOTUNE_STEPS_PER_SAMPLE": HorovodVariable(HONOURED, "steps per autotune sample"),
+    "AUTOTUNE_BAYES_OPT_MAX_SAMPLES": HorovodVariable(HONOURED, "autotune samples before the "
+                                                      "best setting is kept"),
+    "AUTOTUNE_GAUSSIAN_PROCESS_NOISE": HorovodVariable(HONOURED, "noise of the autotune model"),
     # Nothing to do in spark_hvd: said why, no warning.
     "LOG_HIDE_TIME": HorovodVariable(NO_EFFECT, "spark_hvd's log lines carry no time stamp "
                                      "(the launcher's --prefix-timestamp adds one)"),
@@ -249,12 +296,6 @@ HOROVOD_VARIABLES = {
         NO_EFFECT, "spark_hvd.spark.run always orders a task's CUDA_VISIBLE_DEVICES so that "
         "device hvd.local_rank() is its own"),
     # Not implemented: a warning once per process when set.
-    "AUTOTUNE": HorovodVariable(WARNED, _AUTOTUNE, flag=True),
-    "AUTOTUNE_LOG": HorovodVariable(WARNED, _AUTOTUNE),
-    "AUTOTUNE_WARMUP_SAMPLES": HorovodVariable(WARNED, _AUTOTUNE),
-    "AUTOTUNE_STEPS_PER_SAMPLE": HorovodVariable(WARNED, _AUTOTUNE),
-    "AUTOTUNE_BAYES_OPT_MAX_SAMPLES": HorovodVariable(WARNED, _AUTOTUNE),
-    "AUTOTUNE_GAUSSIAN_PROCESS_NOISE": HorovodVariable(WARNED, _AUTOTUNE),
     "TORUS_ALLREDUCE": HorovodVariable(WARNED, _TORUS, flag=True),
     "ELASTIC": HorovodVariable(WARNED, _ELASTIC, flag=True),
     "ELASTIC_TIMEOUT": HorovodVariable(WARNED, _ELASTIC),

@@ -43,6 +43,13 @@ class InitOptions(ctypes.Structure):
         ("shm_negotiation", ctypes.c_int32),
         ("hierarchical_allreduce", ctypes.c_int32),
         ("hierarchical_allgather", ctypes.c_int32),
+        ("autotune", ctypes.c_int32),
+        ("autotune_log", ctypes.c_char_p),
+        ("autotune_warmup_samples", ctypes.c_int32),
+        ("autotune_steps_per_sample", ctypes.c_int32),
+        ("autotune_bayes_opt_max_samples", ctypes.c_int32),
+        ("autotune_gaussian_process_noise", ctypes.c_double),
+        ("autotune_fixed", ctypes.c_int32),
     ]
 
 
@@ -69,6 +76,7 @@ def _load():
         "shvd_local_rank": (i32, []), "shvd_local_size": (i32, []),
         "shvd_cross_rank": (i32, []), "shvd_cross_size": (i32, []),
         "shvd_shared_memory_enabled": (i32, []),
+        "shvd_tuned_parameters": (i32, [ctypes.POINTER(ctypes.c_double), i32]),
         "shvd_shared_alloc": (vp, [i64]),
         "shvd_shared_free": (i32, [vp]),
         "shvd_shared_bytes": (i64, []),

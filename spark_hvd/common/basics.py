@@ -7,6 +7,7 @@ import this module.
 """
 
 import atexit
+import ctypes
 import shutil
 import threading
 
@@ -135,6 +136,29 @@ def shared_memory_enabled():
     """True when this rank exchanges data with same-host peers over shared memory."""
     _require_init()
     return bool(lib.shvd_shared_memory_enabled())
+
+
+_TUNED_FIELDS = ("generation", "fusion_threshold", "cycle_time_ms", "cache_enabled",
+                 "hierarchical_allreduce", "hierarchical_allgather", "tuning")
+
+
+def tuned_parameters():
+    """The run-time settings this rank's latest collective ran with, as a dict:
+    ``fusion_threshold`` (bytes), ``cycle_time_ms``, ``cache_enabled``,
+    ``hierarchical_allreduce`` / ``hierarchical_allgather`` (-1: chosen per collective, 0 off,
+    1 on), ``tuning`` (autotuning still samples) and ``generation`` (how many settings the
+    autotuner had applied by then; 0: the configured ones). Every rank switches at the same
+    collective, so ranks that read this after the same step read the same values."""
+    _require_init()
+    out = (ctypes.c_double * len(_TUNED_FIELDS))()
+    check(lib.shvd_tuned_parameters(out, len(_TUNED_FIELDS)))
+    values = dict(zip(_TUNED_FIELDS, out))
+    for key in ("generation", "fusion_threshold", "hierarchical_allreduce",
+                "hierarchical_allgather"):
+        values[key] = int(values[key])
+    values["cache_enabled"] = bool(values["cache_enabled"])
+    values["tuning"] = bool(values["tuning"])
+    return values
 
 
 def gloo_built():

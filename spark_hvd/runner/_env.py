@@ -46,6 +46,16 @@ def config_env(args: argparse.Namespace) -> dict[str, str]:
         value = getattr(args, flag)
         if value is not None:
             env["SPARK_HVD_" + name] = "1" if value else "0"
+    if args.autotune is not None:
+        env["SPARK_HVD_AUTOTUNE"] = "1" if args.autotune else "0"
+    for flag, name in (("autotune_log_file", "AUTOTUNE_LOG"),
+                       ("autotune_warmup_samples", "AUTOTUNE_WARMUP_SAMPLES"),
+                       ("autotune_steps_per_sample", "AUTOTUNE_STEPS_PER_SAMPLE"),
+                       ("autotune_bayes_opt_max_samples", "AUTOTUNE_BAYES_OPT_MAX_SAMPLES"),
+                       ("autotune_gaussian_process_noise", "AUTOTUNE_GAUSSIAN_PROCESS_NOISE")):
+        value = getattr(args, flag)
+        if value is not None:
+            env["SPARK_HVD_" + name] = _number(value) if not isinstance(value, str) else value
     if args.network_interface:
         env[NETWORK_INTERFACE] = args.network_interface
     return env

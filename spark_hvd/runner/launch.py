@@ -122,7 +122,19 @@ def build_parser() -> argparse.ArgumentParser:
                        help="Horovod's torus allreduce: accepted, but currently no effect")
     torus.add_argument("--no-torus-allreduce", dest="torus_allreduce", action="store_false")
     tuning.add_argument("--autotune", action="store_true", default=None,
-                        help="autotune fusion parameters (not implemented yet: ignored)")
+                        help="tune the fusion threshold, cycle time, response cache and "
+                             "hierarchical switches while training runs (settings given "
+                             "explicitly stay fixed)")
+    for flag, kind, metavar, text in (
+            ("log-file", str, "FILE", "CSV of every sample (its settings and score), rank 0"),
+            ("warmup-samples", int, "N", "samples measured but discarded first (default 3)"),
+            ("steps-per-sample", int, "N", "steps in each sample (default 10)"),
+            ("bayes-opt-max-samples", int, "N", "samples before the best setting is kept "
+                                                "(default 20)"),
+            ("gaussian-process-noise", float, "X", "noise of the model, relative to the "
+                                                   "scores' spread (default 0.8)")):
+        tuning.add_argument("--autotune-" + flag, type=kind, metavar=metavar,
+                            help="autotune: " + text)
     elastic = p.add_argument_group(
         "elastic training (not implemented yet: these flags are refused; run a fixed-size job "
         "with -np and restart it from a checkpoint when a rank fails)")
@@ -192,7 +204,12 @@ _CONFIG_KEYS = {
                "hierarchical_allreduce": ("hierarchical_allreduce", _flag),
                "hierarchical_allgather": ("hierarchical_allgather", _flag),
                "torus_allreduce": ("torus_allreduce", _flag)},
-    "autotune": {"enabled": ("autotune", _flag)},
+    "autotune": {"enabled": ("autotune", _flag),
+                 "log_file": ("autotune_log_file", str),
+                 "warmup_samples": ("autotune_warmup_samples", int),
+                 "steps_per_sample": ("autotune_steps_per_sample", int),
+                 "bayes_opt_max_samples": ("autotune_bayes_opt_max_samples", int),
+                 "gaussian_process_noise": ("autotune_gaussian_process_noise", float)},
     "timeline": {"filename": ("timeline_filename", str),
                  "mark_cycles": ("timeline_mark_cycles", _flag)},
     "stall_check": {"enabled": ("no_stall_check", lambda v: not _flag(v)),
@@ -203,9 +220,6 @@ _CONFIG_KEYS = {
 }
 # Keys of Horovod's file that spark_hvd has no use for, and why (the launcher says so).
 _CONFIG_UNSUPPORTED = {
-    **{("autotune", k): "autotuning is not implemented yet"
-       for k in ("log_file", "warmup_samples", "steps_per_sample", "bayes_opt_max_samples",
-                 "gaussian_process_noise")},
     ("library_options", "mpi_threads_disable"): "MPI is not used as a transport",
     ("library_options", "num_nccl_streams"): "there is no NCCL in this build",
     ("library_options", "thread_affinity"): "thread pinning is not implemented; use taskset",
@@ -214,6 +228,10 @@ _CONFIG_UNSUPPORTED = {
 _NUMERIC_MINIMUM = {"fusion_threshold_mb": 0, "cycle_time_ms": 0, "cache_capacity": 0,
                     "stall_check_warning_time_seconds": 0,
                     "stall_check_shutdown_time_seconds": 0, "gloo_timeout_seconds": 0}
+_POSITIVE = 1e-300  # "> 0" for a float
+_AUTOTUNE_MINIMUM = {"autotune_warmup_samples": 0, "autotune_steps_per_sample": 1,
+                     "autotune_bayes_opt_max_samples": 1,
+                     "autotune_gaussian_process_noise": _POSITIVE}
 
 
 def apply_config_file(args: argparse.Namespace, path: str) -> list[str]:
@@ -331,10 +349,14 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return 2
+    for attr, least in _AUTOTUNE_MINIMUM.items():
+        value = getattr(args, attr)
+        if value is not None and not value >= least:
+            flag = "--" + attr.replace("_", "-")
+            print(f"{PROG}: error: {flag} must be {'> 0' if least == _POSITIVE else f'>= {least}'}"
+                  f", got {value}", file=sys.stderr)
+            return 2
     threshold = log_threshold(args)
-    if args.autotune:
-        notes.append("--autotune: autotuning is not implemented yet; continuing with the "
-                     "configured fusion threshold and cycle time")
     for note in notes:
         if log_enabled(threshold, "WARNING"):
             print(f"{PROG}: {note}", file=sys.stderr)
