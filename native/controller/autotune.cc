@@ -175,12 +175,18 @@ void Autotuner::sample_done(double score, Clock::time_point now) {
   }
   log_row(current_, score);
   optimizer_->add_sample(to_x(current_), score);
+  if (score > best_score_ || optimizer_->samples() == 1) {
+    // The setting itself, not from_x(to_x(...)): the initial one may lie outside the ranges
+    // searched (a 128 MiB threshold) or leave a switch to the dispatcher.
+    best_ = current_;
+    best_score_ = score;
+  }
   if (int(optimizer_->samples()) >= options_.max_samples) {
-    proposal_ = from_x(optimizer_->best_x());
+    proposal_ = best_;
     proposal_.tuning = false;
     active_ = false;
     log_message(LogLevel::kInfo, "autotune: done; keeping the best setting");
-    log_row(proposal_, optimizer_->best_y());
+    log_row(proposal_, best_score_);
   } else {
     proposal_ = from_x(next_x());
     proposal_.tuning = true;

@@ -84,6 +84,8 @@ class Autotuner {
 
   AutotuneOptions options_;
   TunedParams initial_, current_, proposal_;
+  TunedParams best_;  // the best sample's setting
+  double best_score_ = 0;
   std::vector<std::string> names_;
   std::unique_ptr<BayesianOptimizer> optimizer_;
   std::ofstream log_;
