@@ -37,7 +37,8 @@ def main():
             c.check(np.all(s == want), f"step {step} grad.{i}: {s[:3]} != {want}")
         p = tuned_parameters()
         record.append((p["generation"], p["fusion_threshold"], p["cycle_time_ms"],
-                       p["cache_enabled"], p["tuning"]))
+                       p["cache_enabled"], p["hierarchical_allreduce"],
+                       p["hierarchical_allgather"], p["tuning"]))
         if fixed_fusion is not None:
             c.check(p["fusion_threshold"] == fixed_fusion,
                     f"step {step}: fusion threshold {p['fusion_threshold']} != {fixed_fusion}")
@@ -47,10 +48,10 @@ def main():
             first = next(i for i, (a, b) in enumerate(zip(record, other)) if a != b)
             c.fail(f"rank {r} ran step {first} with {other[first]}, rank {rank} with "
                    f"{record[first]}")
-    settings = sorted({rec[1:4] for rec in record})
+    settings = sorted({rec[1:6] for rec in record})
     if rank == 0:
         print("RECORD " + json.dumps({"generations": record[-1][0], "settings": settings,
-                                      "tuning_at_end": record[-1][4]}), flush=True)
+                                      "tuning_at_end": record[-1][-1]}), flush=True)
     hvd.shutdown()
     c.finish(generations=record[-1][0])
 
