@@ -94,7 +94,7 @@ class Job:
             job_id="testjob", secret=b"s" * 32, num_proc=n,
             payload=cloudpickle.dumps((fn, tuple(args), {})), channel_addr=self.channel.addr,
             start_timeout=start_timeout, env=dict(env or {}), timestamp=False,
-            executable=sys.executable, nics=None, verbose=1)
+            executable=sys.executable, verbose=1)
         self.stage = FakeStage(list(addresses), gpus, attempt)
         if before is not None:
             before(self)
@@ -244,7 +244,7 @@ def test_output_without_a_reachable_driver_goes_to_the_executor_log(tmp_path, ca
     spec = _task.TaskSpec(job_id="j", secret=b"k" * 32, num_proc=1,
                           payload=cloudpickle.dumps((fns.chatty, (2,), {})),
                           channel_addr=None, start_timeout=30, env={}, timestamp=False,
-                          executable=sys.executable, nics=None, verbose=1)
+                          executable=sys.executable, verbose=1)
     rows = [b.to_pylist()[0] for b in _task.run_task(spec, stage.context(0))]
     assert assemble_results(rows, 1) == [0]
     err = capfd.readouterr().err

@@ -117,12 +117,12 @@ def test_spark_hvd_settings_with_and_without_the_spark_prefix(monkeypatch):
     _controller.check_ssl(FakeSession(**{"spark.ssl.enabled": "true",
                                          "spark." + _controller.ALLOW_UNENCRYPTED_CONF: "1"}))
     for key in ("spark.spark_hvd.networkInterface", "spark_hvd.networkInterface"):
-        assert _controller.network_interface(FakeSession(**{key: " eth1 "}), {}) == "eth1"
-    env = {"HOROVOD_GLOO_IFACE": "ib0"}
-    assert _controller.network_interface(FakeSession(), env) == "ib0"
-    assert _controller.network_interface(
-        FakeSession(**{"spark.spark_hvd.networkInterface": "eth1"}), env) == "eth1"
-    assert _controller.network_interface(FakeSession(), {}) is None
+        assert _controller.network_interface(FakeSession(**{key: " eth1 "}), None) == "eth1"
+    # Horovod's nics win; none of them leaves the variables the ranks get as they are.
+    session = FakeSession(**{"spark.spark_hvd.networkInterface": "eth1"})
+    assert _controller.network_interface(session, ["ib0", "eth2"]) == "ib0,eth2"
+    assert _controller.network_interface(session, {"ib1", "ib0"}) == "ib0,ib1"
+    assert _controller.network_interface(FakeSession(), None) is None
     monkeypatch.delenv("SPARK_HVD_SPARK_HEARTBEAT_TIMEOUT", raising=False)
     monkeypatch.delenv("HOROVOD_SPARK_HEARTBEAT_TIMEOUT", raising=False)
     assert _controller._heartbeat_timeout(FakeSession()) == _controller.DEFAULT_HEARTBEAT_TIMEOUT

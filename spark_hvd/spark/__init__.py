@@ -51,11 +51,12 @@ def run(fn, args=(), kwargs=None, num_proc=None, start_timeout=None, use_mpi=Non
         stdout, stderr: streams for the ranks' output (default ``sys.stdout``/``sys.stderr``);
             every line is prefixed ``[rank]<stdout>:`` or ``[rank]<stderr>:``.
         verbose: 0 quiet, 1 failures and waits, 2 every step.
-        nics: network interface names; the ranks bind their connections to the first one's
-            address (default: the Spark configuration ``spark.spark_hvd.networkInterface``,
-            else ``SPARK_HVD_NETWORK_INTERFACE`` / ``HOROVOD_GLOO_IFACE`` of the driver or
-            ``env``, else the executor's address). The ranks get the interface as
-            ``SPARK_HVD_NETWORK_INTERFACE``; it must exist on every executor's machine.
+        nics: network interface names; each rank binds its connections to, and advertises,
+            the address of the first of them its machine has (default: the Spark
+            configuration ``spark.spark_hvd.networkInterface``, else
+            ``SPARK_HVD_NETWORK_INTERFACE`` / ``HOROVOD_GLOO_IFACE`` of the driver or ``env``,
+            else the executor's address). The ranks get the names as
+            ``SPARK_HVD_NETWORK_INTERFACE``; a machine with none of them fails its rank.
         prefix_output_with_timestamp: put the time in front of each output line.
         executable: the Python that runs the ranks (default: the executors' Python).
         spark: the SparkSession to use (default: the active one, classic or Spark Connect).

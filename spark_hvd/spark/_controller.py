@@ -59,8 +59,6 @@ HEARTBEAT_TIMEOUT_CONF = "spark_hvd.heartbeatTimeout"
 # The interface the ranks' connections use, on every executor (the Spark configuration's
 # counterpart of spark-hvd-run --network-interface).
 NETWORK_INTERFACE_CONF = "spark_hvd.networkInterface"
-NETWORK_INTERFACE_ENV = "SPARK_HVD_NETWORK_INTERFACE"
-_IFACE_ENVS = (NETWORK_INTERFACE_ENV, "HOROVOD_GLOO_IFACE")
 RESULT_SCHEMA = "rank int, seq int, chunk binary"
 # The driver's SPARK_HVD_* and HOROVOD_* variables reach the ranks (tuning such as
 # SPARK_HVD_FUSION_THRESHOLD or HOROVOD_CYCLE_TIME), so a job configured on the driver behaves as
@@ -124,13 +122,16 @@ def _heartbeat_timeout(spark) -> float:
     return seconds
 
 
-def network_interface(spark, env: dict[str, str]) -> str | None:
-    """The interface the ranks bind to: the Spark configuration
-    ``spark.spark_hvd.networkInterface``, else ``SPARK_HVD_NETWORK_INTERFACE`` /
-    ``HOROVOD_GLOO_IFACE`` of the ranks' environment."""
+def network_interface(spark, nics) -> str | None:
+    """The ranks' ``SPARK_HVD_NETWORK_INTERFACE``: ``run``'s ``nics`` (Horovod's), else the
+    Spark configuration ``spark.spark_hvd.networkInterface``; None leaves the variables the
+    ranks get from the driver or ``env=`` as they are. Each rank resolves the name(s) on its
+    own machine (the bootstrap: a comma list takes the first interface the machine has) and
+    binds to, and advertises, that address."""
+    if nics:
+        names = sorted(nics) if isinstance(nics, (set, frozenset)) else list(nics)
+        return ",".join(str(n).strip() for n in names)
     iface = _session.own_conf(spark, NETWORK_INTERFACE_CONF)
-    if not iface:
-        iface = next((env[k] for k in _IFACE_ENVS if env.get(k)), None)
     return iface.strip() if iface and iface.strip() else None
 
 
@@ -145,7 +146,8 @@ def lost_ranks_message(lost: dict[int, dict], timeout: float) -> str:
     where = "; ".join(f"rank{'s' if len(r) > 1 else ''} {r if len(r) > 1 else r[0]} on host "
                       f"{h}" for h, r in by_host.items())
     silent = max(beat.get("silent", 0.0) for beat in lost.values())
-    return (f"{where} {'were' if len(lost) > 1 else 'was'} lost: their Spark tasks sent no "
+    tasks = "their Spark tasks" if len(lost) > 1 else "its Spark task"
+    return (f"{where} {'were' if len(lost) > 1 else 'was'} lost: {tasks} sent no "
             f"heartbeat for {silent:.0f} s (heartbeat timeout {timeout:g} s, "
             f"spark.{HEARTBEAT_TIMEOUT_CONF}); the executor, or its machine, went away")
 
@@ -225,7 +227,7 @@ class RunController:
         self.stdout = LineSink(stdout if stdout is not None else sys.stdout)
         self.stderr = LineSink(stderr if stderr is not None else sys.stderr)
         self.verbose = verbose
-        self.nics = list(nics) if nics else None
+        self.nics = nics
         self.timestamp = prefix_output_with_timestamp
         self.executable = executable
         self.spark = spark
@@ -321,10 +323,9 @@ class RunController:
         if self.num_proc < 1:
             raise ValueError(f"num_proc must be at least 1, got {self.num_proc}")
         self.heartbeat_timeout = _heartbeat_timeout(spark)
-        iface = network_interface(spark, self.env)
+        iface = network_interface(spark, self.nics)
         if iface:
-            self.env[NETWORK_INTERFACE_ENV] = iface
-            self.nics = self.nics or [iface]
+            self.env[contract.NETWORK_INTERFACE] = iface
         self._check_slots(spark)
 
     def _check_slots(self, spark) -> None:
@@ -365,8 +366,7 @@ class RunController:
         return _task.TaskSpec(
             job_id=self.job_id, secret=secret, num_proc=self.num_proc, payload=payload,
             channel_addr=self.channel.addr, start_timeout=self.start_timeout, env=self.env,
-            timestamp=self.timestamp, executable=self.executable, nics=self.nics,
-            verbose=self.verbose, heartbeat_seconds=min(1.0, self.heartbeat_timeout / 5))
+            timestamp=self.timestamp, executable=self.executable, verbose=self.verbose, heartbeat_seconds=min(1.0, self.heartbeat_timeout / 5))
 
     def _run_stage(self, spec: _task.TaskSpec):
         spark = self.spark

@@ -65,7 +65,7 @@ class TaskSpec:
     """Everything a task needs from the driver (pickled into the Spark task)."""
 
     def __init__(self, job_id, secret, num_proc, payload, channel_addr, start_timeout,
-                 env, timestamp, executable, nics, verbose, heartbeat_seconds=1.0):
+                 env, timestamp, executable, verbose, heartbeat_seconds=1.0):
         self.job_id = job_id
         self.secret = secret
         self.num_proc = num_proc
@@ -75,7 +75,6 @@ class TaskSpec:
         self.env = env
         self.timestamp = timestamp
         self.executable = executable
-        self.nics = nics
         self.verbose = verbose
         self.heartbeat_seconds = heartbeat_seconds
 
@@ -124,13 +123,10 @@ def result_batches(rank: int, data: bytes, chunk_bytes: int = 1 << 20):
              pa.array([chunk], pa.binary())], names=["rank", "seq", "chunk"])
 
 
-def _bind_address(address: str, nics) -> str:
-    """The address the rank's listeners bind to: the first of ``nics`` when given, otherwise
-    the executor's own address, which is where Spark reaches this executor."""
-    if nics:
-        from spark_hvd.launch.net import interface_ipv4
-        return interface_ipv4(sorted(nics)[0] if isinstance(nics, (set, frozenset))
-                              else list(nics)[0])
+def _bind_address(address: str) -> str:
+    """The address the rank's listeners bind to: the executor's own address, where the driver
+    reaches this executor (a network interface set for the job, ``nics`` or
+    ``spark.spark_hvd.networkInterface``, wins in the rank's bootstrap)."""
     host = _placement.host_of(address)
     try:
         return socket.getaddrinfo(host, None, socket.AF_INET)[0][4][0]
@@ -214,7 +210,7 @@ class _RankTask:
             f.write(self.spec.payload)
         self.server = RendezvousServer(self.spec.secret, bind_host="127.0.0.1")
         port = self.server.start()
-        bind_addr = _bind_address(self.address, self.spec.nics)
+        bind_addr = _bind_address(self.address)
         env = self._child_env(f"127.0.0.1:{port}", bind_addr)
         command = [self.spec.executable or sys.executable, "-m", function_rank.__name__]
         # Spawn before the channel's thread starts: the spawn runs Python code between fork

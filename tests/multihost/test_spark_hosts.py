@@ -2,7 +2,9 @@
 cores) per host bound to the host's address, drivers spark-submit'ed from the root namespace
 (see spark_bed.py). ``spark_hvd.spark.run`` and ``TorchEstimator.fit`` on 4 ranks, 2 per host;
 a host whose processes are all killed (worker, executor, Python workers, ranks) mid-run and
-mid-fit; the fit resumed from its checkpoint once the host is back.
+mid-fit; the fit resumed from its checkpoint once the host is back; the interface the ranks
+use chosen by the Spark configuration (the hosts have two: eth0 connects them, mgmt0 reaches
+only the root namespace).
 
 One cluster serves the module (starting one costs ~20 s of the two cores); a test that kills a
 host restarts its worker before the next one.
@@ -34,7 +36,7 @@ EPOCHS = 5   # spark_hosts_job.EPOCHS
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    bed = Bed(2)
+    bed = Bed(2, mgmt_links=True)
     with bed:
         spark = SparkBed(bed, tmp_path_factory.mktemp("spark-bed"))
         try:
@@ -137,3 +139,24 @@ def test_lost_host_during_fit_then_resume(spark_bed, tmp_path):
     assert "spark_hvd: resuming run lost_host_run from" in out, out[-3000:]
     print(f"RunError {error['time'] - killed_at:.1f} s after the host was killed (checkpoints "
           f"{checkpoints}); the resumed fit took {result['resumed_fit_seconds']:.1f} s")
+
+
+def test_network_interface_from_the_spark_configuration(spark_bed, tmp_path):
+    # spark.spark_hvd.networkInterface chooses the interface every rank binds to and
+    # advertises: eth0 works; on mgmt0, whose addresses the other host cannot reach, the ranks
+    # cannot meet and the run fails within its start timeout, naming those addresses.
+    proc = spark_bed.submit(JOB, "iface", tmp_path, confs=CONFS)
+    _finish(spark_bed, proc, 200)
+    result = json.loads((tmp_path / "result.json").read_text())
+    hosts = {h.hostname: h for h in spark_bed.bed.hosts}
+    places = result["eth0"]
+    assert [p["rank"] for p in places] == [0, 1, 2, 3]
+    assert {p["hostname"] for p in places} == set(hosts)
+    assert all(p["iface"] == "eth0" for p in places), places
+    assert all(p["sum"] == 10.0 for p in places)
+    mgmt = result["mgmt0"]
+    assert "places" not in mgmt, f"ranks met over links that do not connect them: {mgmt}"
+    assert mgmt["seconds"] < 90, mgmt
+    assert any(h.mgmt_addr in mgmt["message"] for h in spark_bed.bed.hosts), \
+        mgmt["message"][:3000]
+    print(f"on mgmt0: RunError after {mgmt['seconds']:.1f} s: {mgmt['message'][:300]}")
