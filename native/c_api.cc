@@ -252,13 +252,14 @@ int32_t shvd_init(const shvd_init_options* o) {
     mo.use_shared_memory = o->use_shared_memory != 0;
     mo.timeout_seconds = o->start_timeout_seconds > 0 ? o->start_timeout_seconds : 30.0;
     mo.shm_pipe_bytes = o->shm_pipe_bytes;
+    mo.peer_timeout_seconds = o->peer_timeout_seconds;
     std::istringstream lines(o->peers ? o->peers : "");
     std::string line;
     while (std::getline(lines, line)) {
       if (line.empty()) continue;
       std::istringstream f(line);
       PeerAddress p;
-      f >> p.host >> p.port >> p.host_id;
+      f >> p.host >> p.port >> p.host_id >> p.hostname;  // hostname: optional
       mo.peers.push_back(p);
     }
     Mesh mesh;
@@ -275,8 +276,20 @@ int32_t shvd_init(const shvd_init_options* o) {
         endpoint = std::move(g_endpoint);
       }
       if (!endpoint) return fail(SHVD_ERR_STATE, "shvd_listen must be called before shvd_init");
+      // Errors name a rank's host as the launcher or Spark calls it (host id), with the
+      // machine's own hostname where that differs (an address in -H, say).
+      std::vector<std::string> hosts;
+      for (const PeerAddress& p : mo.peers)
+        hosts.push_back(p.hostname.empty() || p.hostname == p.host_id
+                            ? p.host_id : p.host_id + " (" + p.hostname + ")");
+      set_rank_hosts(std::move(hosts));
       mesh = build_mesh(*endpoint, mo);
     }
+    // A collective that moves no byte for as long as the stall inspector would let a stalled
+    // negotiation last (it aborts at the later of its two times) ends the same way.
+    set_no_progress_timeout(o->stall_warning_seconds > 0 && o->stall_shutdown_seconds > 0
+                                ? std::max(o->stall_warning_seconds, o->stall_shutdown_seconds)
+                                : 0);
     bool shm = false;
     for (auto& l : mesh.data)
       if (l && l->is_shared_memory()) shm = true;

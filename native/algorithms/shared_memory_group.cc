@@ -112,6 +112,7 @@ void SharedMemoryGroup::wait_all(const Communicator& comm, int which, uint64_t t
     if (m == comm.rank) continue;
     std::atomic<uint64_t>& v = ctl[m].seq[which].value;
     int idle = 0;
+    const NoProgressWatch watch;
     while (v.load(std::memory_order_acquire) < target) {
       const bool shared_cpu = my_cpu != 0 && placement_.of(m) == my_cpu;
       if (shared_cpu && placement_.move_off_shared_cpu(m, &my_cpu)) continue;
@@ -122,8 +123,9 @@ void SharedMemoryGroup::wait_all(const Communicator& comm, int which, uint64_t t
         if ((idle & 255) == 0) {
           global_abort().check();
           if (!comm.link(m)->peer_alive())
-            throw PeerLostError("rank " + std::to_string(comm.global_ranks[m]) +
-                                " died during a shared-memory allreduce");
+            throw PeerLostError(describe_rank(comm.global_ranks[m]) +
+                                " left a shared-memory allreduce (it failed or died)");
+          watch.check(comm.global_ranks[m]);
         }
         // Long waits sleep: on an oversubscribed machine a yielding spinner still takes CPU
         // from the very peer it waits for.

@@ -2,6 +2,10 @@
 // reads ("dtype mismatch: float32 vs int64"), so names follow NumPy/torch spelling.
 #include "types.h"
 
+#include <cstdio>
+#include <map>
+#include <mutex>
+
 namespace shvd {
 
 size_t dtype_size(DataType t) {
@@ -52,6 +56,53 @@ const char* reduce_op_name(ReduceOp op) {
     case ReduceOp::kProduct: return "Product";
   }
   return "unknown";
+}
+
+namespace {
+std::mutex g_hosts_mu;
+std::vector<std::string> g_rank_hosts;
+}  // namespace
+
+void set_rank_hosts(std::vector<std::string> hosts) {
+  std::lock_guard<std::mutex> lock(g_hosts_mu);
+  g_rank_hosts = std::move(hosts);
+}
+
+std::string describe_rank(int rank) {
+  std::lock_guard<std::mutex> lock(g_hosts_mu);
+  std::string out = "rank " + std::to_string(rank);
+  if (rank >= 0 && size_t(rank) < g_rank_hosts.size() && !g_rank_hosts[rank].empty())
+    out += " on " + g_rank_hosts[rank];
+  return out;
+}
+
+std::string describe_ranks(const std::vector<int>& ranks) {
+  std::lock_guard<std::mutex> lock(g_hosts_mu);
+  // Hosts in order of their first rank, each with its ranks.
+  std::vector<std::pair<std::string, std::string>> by_host;
+  std::map<std::string, size_t> index;
+  for (int r : ranks) {
+    std::string host = r >= 0 && size_t(r) < g_rank_hosts.size() ? g_rank_hosts[r] : "";
+    auto it = index.find(host);
+    if (it == index.end()) {
+      it = index.emplace(host, by_host.size()).first;
+      by_host.emplace_back(host, "");
+    }
+    std::string& list = by_host[it->second].second;
+    list += (list.empty() ? "" : ", ") + std::to_string(r);
+  }
+  std::string out = ranks.size() == 1 ? "rank " : "ranks ";
+  for (size_t i = 0; i < by_host.size(); ++i) {
+    out += (i ? "; " : "") + by_host[i].second;
+    if (!by_host[i].first.empty()) out += " on " + by_host[i].first;
+  }
+  return out;
+}
+
+std::string format_seconds(double s) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%g", s);
+  return buf;
 }
 
 }  // namespace shvd

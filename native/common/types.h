@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "../include/spark_hvd.h"
 
@@ -60,6 +61,15 @@ static_assert(int(ReduceOp::kAverage) == SHVD_REDUCE_AVERAGE &&
 size_t dtype_size(DataType t);
 const char* dtype_name(DataType t);
 const char* reduce_op_name(ReduceOp op);
+
+// Error messages name ranks with their host: "rank 2 on node-b". The table (host of each global
+// rank, from the mesh's peer list) is set once at init; without it ranks are bare numbers.
+void set_rank_hosts(std::vector<std::string> hosts);
+std::string describe_rank(int rank);
+// "ranks 2, 3 on node-b; 5 on node-c" (or "ranks 2, 3" without a host table).
+std::string describe_ranks(const std::vector<int>& ranks);
+// Seconds as a user set them: 5, 0.25.
+std::string format_seconds(double s);
 
 // A peer process went away or the job was aborted: maps to HorovodInternalError in Python.
 struct PeerLostError : std::runtime_error {

@@ -2,6 +2,7 @@
 
 #include <sstream>
 
+#include "../common/types.h"
 #include "mismatch.h"
 
 namespace shvd {
@@ -27,8 +28,9 @@ std::string StallInspector::inspect(const std::string& name, const std::vector<i
   const auto age = now - first_seen;
   if (age < warn_after_) return "";
   std::ostringstream msg;
-  msg << "tensor '" << name << "' was submitted by ranks " << ranks_str(have) << " but ranks "
-      << ranks_str(missing) << " have not submitted it for "
+  msg << "tensor '" << name << "' was submitted by ranks " << ranks_str(have) << " but "
+      << describe_ranks(missing) << (missing.size() == 1 ? " has" : " have")
+      << " not submitted it for "
       << int(std::chrono::duration<double>(age).count()) << " s";
   if (shutdown_seconds_ > 0 && age >= abort_after_)
     return "stall inspector: " + msg.str() + " (SPARK_HVD_STALL_SHUTDOWN_TIME_SECONDS exceeded)";

@@ -106,6 +106,10 @@ typedef struct {
   int32_t autotune_bayes_opt_max_samples;
   double autotune_gaussian_process_noise;
   int32_t autotune_fixed;               /* SHVD_AUTOTUNE_FIX_* bits: settings the user gave */
+  /* TCP links: a peer whose host stays silent this long (no acknowledgement, no keepalive
+   * answer: host down, link cut) is lost, and every rank's pending ops fail (<= 0: the kernel's
+   * defaults, minutes to hours). */
+  double peer_timeout_seconds;
 } shvd_init_options;
 
 /* Settings autotuning leaves alone (shvd_init_options.autotune_fixed). */

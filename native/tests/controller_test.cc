@@ -163,7 +163,7 @@ void test_stall_inspector() {
   CHECK(warnings.empty());  // younger than the warning time
   CHECK(s.inspect("t", {0}, {1}, t0, &last, t0 + std::chrono::seconds(11), warn).empty());
   CHECK(warnings.size() == 1 && warnings[0].find("tensor 't' was submitted by ranks [0] but "
-                                                 "ranks [1] have not submitted it for 11 s") !=
+                                                 "rank 1 has not submitted it for 11 s") !=
                                     std::string::npos);
   s.inspect("t", {0}, {1}, t0, &last, t0 + std::chrono::seconds(12), warn);
   CHECK(warnings.size() == 1);  // once per warning period
@@ -171,6 +171,13 @@ void test_stall_inspector() {
   CHECK(warnings.size() == 2);
   const std::string abort = s.inspect("t", {0}, {1}, t0, &last, t0 + std::chrono::seconds(31), warn);
   CHECK(abort.rfind("stall inspector: tensor 't'", 0) == 0);
+  // With the hosts known (from the mesh's peer list), the missing ranks are named by host.
+  set_rank_hosts({"node-a", "node-a", "node-b", "node-b"});
+  const std::string named =
+      s.inspect("t", {0, 1}, {2, 3}, t0, &last, t0 + std::chrono::seconds(31), warn);
+  set_rank_hosts({});
+  CHECK(named.find("by ranks [0, 1] but ranks 2, 3 on node-b have not submitted it") !=
+        std::string::npos);
 }
 
 // ---- coordinator ------------------------------------------------------------------------------
@@ -227,7 +234,7 @@ void test_coordinator_stall_on_cached_id() {
   s.coordinator->add_batch(cached(0, {0}));  // rank 1 never sends it
   const std::vector<std::string> warnings = stall_warnings(s);
   CHECK(warnings.size() == 1 &&
-        warnings[0].find("tensor 'a' was submitted by ranks [0] but ranks [1]") != std::string::npos);
+        warnings[0].find("tensor 'a' was submitted by ranks [0] but rank 1 has not") != std::string::npos);
 }
 
 void test_coordinator_shutdown_fails_waiting_ops() {
@@ -352,7 +359,7 @@ void test_coordinator_stall_on_board() {
   CHECK(b.r0->arrive(0, 0, 0b11) == Arrival::kWaiting);  // rank 1 never arrives
   const std::vector<std::string> warnings = stall_warnings(s);
   CHECK(warnings.size() == 1 &&
-        warnings[0].find("tensor 'a' was submitted by ranks [0] but ranks [1]") != std::string::npos);
+        warnings[0].find("tensor 'a' was submitted by ranks [0] but rank 1 has not") != std::string::npos);
   // Rank 1 finally sends it: over TCP now (the id was taken over), answered by the coordinator.
   CHECK(b.r1->arrive(0, 1, 0b11) == Arrival::kRefused);
   s.coordinator->add_batch(cached(1, {0}));

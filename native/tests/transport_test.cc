@@ -6,6 +6,7 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
@@ -421,6 +422,7 @@ struct World {
   bool shm = true;
   std::string secret = kSecret;
   double timeout = 20.0;
+  double peer_timeout = 30.0;
   int64_t shm_pipe_bytes = 0;
   std::vector<std::unique_ptr<Endpoint>> eps;
   std::vector<int> ports;  // kept: a child closes the other ranks' endpoints
@@ -442,6 +444,7 @@ struct World {
     o.use_shared_memory = shm;
     o.timeout_seconds = timeout;
     o.shm_pipe_bytes = shm_pipe_bytes;
+    o.peer_timeout_seconds = peer_timeout;
     return o;
   }
   Mesh build(int rank) { return build_mesh(*eps[rank], options(rank)); }
@@ -827,11 +830,86 @@ void test_abort(bool shm) {
   CHECK(seconds_since(t0) < 1.0);
 }
 
-int socket_buffer(int fd, int which) {
-  int bytes = 0;
-  socklen_t len = sizeof(bytes);
-  CHECK(::getsockopt(fd, SOL_SOCKET, which, &bytes, &len) == 0);
-  return bytes;
+int socket_option(int fd, int level, int which) {
+  int value = 0;
+  socklen_t len = sizeof(value);
+  CHECK(::getsockopt(fd, level, which, &value, &len) == 0);
+  return value;
+}
+
+int socket_buffer(int fd, int which) { return socket_option(fd, SOL_SOCKET, which); }
+
+// Lost hosts: the peer timeout reaches every TCP link, data and control, connected and
+// accepted, as TCP_USER_TIMEOUT and keepalive probes after half of it (a shared-memory pipe has
+// no socket; its peer is watched through its pid and closed flag).
+void test_peer_timeout_settings() {
+  World w(3, {"a", "b", "b"}, true);
+  w.peer_timeout = 7;
+  expect_all_ok(fork_ranks(w, [&](int r) {
+    Mesh m = w.build(r);
+    std::vector<Link*> tcp;
+    for (int q = 0; q < w.n; ++q) {
+      if (m.data[q] && !m.data[q]->is_shared_memory()) tcp.push_back(m.data[q].get());
+      if (m.control[q]) tcp.push_back(m.control[q].get());
+    }
+    CHECK(tcp.size() == (r == 0 ? 4u : 2u));
+    for (Link* l : tcp) {
+      CHECK(socket_option(l->fd(), IPPROTO_TCP, TCP_USER_TIMEOUT) == 7000);
+      CHECK(socket_option(l->fd(), SOL_SOCKET, SO_KEEPALIVE) == 1);
+      CHECK(socket_option(l->fd(), IPPROTO_TCP, TCP_KEEPIDLE) == 3);
+      CHECK(socket_option(l->fd(), IPPROTO_TCP, TCP_KEEPINTVL) == 1);
+    }
+  }));
+  World off(2, {"a", "b"}, true);
+  off.peer_timeout = 0;  // the kernel's defaults
+  expect_all_ok(fork_ranks(off, [&](int r) {
+    Mesh m = off.build(r);
+    CHECK(socket_option(m.data[1 - r]->fd(), IPPROTO_TCP, TCP_USER_TIMEOUT) == 0);
+    CHECK(socket_option(m.data[1 - r]->fd(), SOL_SOCKET, SO_KEEPALIVE) == 0);
+  }));
+}
+
+// Errors name ranks with their hosts; a wait in which no byte moves for the no-progress bound
+// fails naming the peer, on a TCP link, a shared-memory pipe and in a NoProgressWatch.
+void test_no_progress_bound() {
+  set_rank_hosts({"a", "b", "b"});
+  CHECK(describe_rank(0) == "rank 0 on a");
+  CHECK(describe_ranks({1, 2}) == "ranks 1, 2 on b");
+  CHECK(describe_ranks({0, 2}) == "ranks 0 on a; 2 on b");
+  CHECK(describe_rank(5) == "rank 5");
+  set_no_progress_timeout(0.2);
+  for (bool shm : {false, true}) {
+    World w(2, {"a", shm ? "a" : "b"}, shm);
+    expect_all_ok(fork_ranks(w, [&](int r) {
+      Mesh m = w.build(r);
+      if (r == 1) {  // alive, connected, and silent for longer than the bound
+        std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+        return;
+      }
+      uint8_t b[16];
+      auto t0 = Clock::now();
+      std::string error;
+      try {
+        m.data[1]->recv(b, sizeof(b));
+      } catch (const PeerLostError& e) {
+        error = e.what();
+      }
+      CHECK(error.find("no data moved to or from rank 1 on b for 0.2 s") == 0);
+      CHECK(seconds_since(t0) >= 0.2 && seconds_since(t0) < 1.2);
+    }));
+  }
+  NoProgressWatch watch;
+  watch.check(2);  // within the bound: nothing
+  std::this_thread::sleep_for(std::chrono::milliseconds(250));
+  std::string error;
+  try {
+    watch.check(2);
+  } catch (const PeerLostError& e) {
+    error = e.what();
+  }
+  CHECK(error.find("no data moved to or from rank 2 on b") == 0);
+  set_no_progress_timeout(0);
+  set_rank_hosts({});
 }
 
 // The transport settings given through the API reach the links: shm_pipe_bytes sizes the pipes
@@ -898,6 +976,8 @@ int main(int argc, char** argv) {
   run_test("reduce kernels: every dtype x op", test_kernels);
   run_test("kernel throughput", bench_kernels);
   run_test("transport settings reach the links", test_transport_settings);
+  run_test("peer timeout reaches every tcp link", test_peer_timeout_settings);
+  run_test("no-progress bound names the silent peer", test_no_progress_bound);
   run_test("ring exchange, 2 ranks, shared memory", [] {
     World w(2, {"h", "h"}, true);
     ring_exchange(w, true, true, "shm pipe, 2 ranks");

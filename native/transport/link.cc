@@ -44,6 +44,15 @@ AbortFlag& global_abort() {
   return flag;
 }
 
+namespace {
+// In nanoseconds so the wait loop reads it without a lock; 0 = no bound.
+std::atomic<int64_t> g_no_progress_ns{0};
+}  // namespace
+
+void set_no_progress_timeout(double seconds) {
+  g_no_progress_ns.store(seconds > 0 ? int64_t(seconds * 1e9) : 0, std::memory_order_relaxed);
+}
+
 void Link::send(const void* data, size_t n) {
   const auto* p = static_cast<const uint8_t*>(data);
   LinkWait w{this, true, false};
@@ -103,6 +112,33 @@ long sleep_ns_for(int iteration) {
   return std::min(kMaxSleepNs, 2000L << step);
 }
 
+// Where the current run of idle rounds began (iteration 0 of wait_for_progress), for the
+// no-progress bound. Read from the clock only while a bound is set.
+thread_local std::chrono::steady_clock::time_point t_idle_since;
+
+void note_idle_start(int iteration) {
+  if (iteration == 0 && g_no_progress_ns.load(std::memory_order_relaxed) > 0)
+    t_idle_since = std::chrono::steady_clock::now();
+}
+
+[[noreturn]] void throw_no_progress(std::vector<int> peers, int64_t bound_ns) {
+  std::sort(peers.begin(), peers.end());
+  peers.erase(std::unique(peers.begin(), peers.end()), peers.end());
+  throw PeerLostError("no data moved to or from " + describe_ranks(peers) + " for " +
+                      format_seconds(bound_ns / 1e9) +
+                      " s inside a collective (SPARK_HVD_STALL_SHUTDOWN_TIME_SECONDS): a peer "
+                      "process is frozen or stuck, or its host is unreachable");
+}
+
+void check_progress(const LinkWait* waits, int n, std::chrono::steady_clock::time_point now) {
+  const int64_t bound = g_no_progress_ns.load(std::memory_order_relaxed);
+  if (bound <= 0 || now - t_idle_since < std::chrono::nanoseconds(bound)) return;
+  std::vector<int> peers;
+  for (int i = 0; i < n; ++i)
+    if (waits[i].link) peers.push_back(waits[i].link->peer_rank());
+  throw_no_progress(std::move(peers), bound);
+}
+
 void check_liveness(const LinkWait* waits, int n) {
   thread_local auto last = std::chrono::steady_clock::time_point{};
   auto now = std::chrono::steady_clock::now();
@@ -111,15 +147,30 @@ void check_liveness(const LinkWait* waits, int n) {
   for (int i = 0; i < n; ++i) {
     Link* l = waits[i].link;
     if (l && l->is_shared_memory() && !l->peer_alive()) {
-      throw PeerLostError("rank " + std::to_string(l->peer_rank()) + " died");
+      // Closed: it failed (its own error names the cause, often a lost host) and let go.
+      throw PeerLostError(describe_rank(l->peer_rank()) +
+                          " left the collective (it failed or died)");
     }
   }
+  check_progress(waits, n, now);
 }
 
 }  // namespace
 
+NoProgressWatch::NoProgressWatch()
+    : bound_ns_(g_no_progress_ns.load(std::memory_order_relaxed)),
+      start_(bound_ns_ > 0 ? std::chrono::steady_clock::now()
+                           : std::chrono::steady_clock::time_point{}) {}
+
+void NoProgressWatch::check(int peer_rank) const {
+  if (bound_ns_ > 0 &&
+      std::chrono::steady_clock::now() - start_ >= std::chrono::nanoseconds(bound_ns_))
+    throw_no_progress({peer_rank}, bound_ns_);
+}
+
 void wait_for_progress(const LinkWait* waits, int nwaits, int iteration) {
   global_abort().check();
+  note_idle_start(iteration);
   pollfd fds[16];
   std::vector<pollfd> many;
   pollfd* pfds = fds;
@@ -146,6 +197,8 @@ void wait_for_progress(const LinkWait* waits, int nwaits, int iteration) {
       throw PeerLostError(std::string("poll failed: ") + strerror(errno));
     }
     global_abort().check();
+    if (g_no_progress_ns.load(std::memory_order_relaxed) > 0)
+      check_progress(waits, nwaits, std::chrono::steady_clock::now());
     return;
   }
 

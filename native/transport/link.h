@@ -6,6 +6,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -80,5 +81,26 @@ void send_recv(Link* to, const void* sbuf, size_t sn, Link* from, void* rbuf, si
 
 // The process-wide abort flag every link consults.
 AbortFlag& global_abort();
+
+// A collective in which no byte moves to or from the links a rank waits on for this long throws
+// PeerLostError from wait_for_progress (<= 0: no bound). A lost host is the peer timeout's job
+// (set_peer_timeout in tcp.h); this catches a peer whose kernel still answers but whose process
+// does not move (frozen with SIGSTOP, stuck in a debugger or in swap) while the others are
+// inside a collective with it, where the stall inspector, which watches negotiation, cannot
+// see it. The engine sets it to SPARK_HVD_STALL_SHUTDOWN_TIME_SECONDS.
+void set_no_progress_timeout(double seconds);
+
+// The same bound for wait loops of their own (the shared-memory group's): make one when a wait
+// begins; check() throws PeerLostError naming `peer_rank` once the bound passed without the
+// wait ending. Reads the clock only while a bound is set.
+class NoProgressWatch {
+ public:
+  NoProgressWatch();
+  void check(int peer_rank) const;
+
+ private:
+  int64_t bound_ns_;
+  std::chrono::steady_clock::time_point start_;
+};
 
 }  // namespace shvd

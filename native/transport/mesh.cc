@@ -91,12 +91,6 @@ std::string describe_peer(const sockaddr_storage& sa) {
   return std::string(host) + ":" + std::to_string(port);
 }
 
-std::string format_seconds(double s) {
-  char buf[32];
-  std::snprintf(buf, sizeof(buf), "%g", s);
-  return buf;
-}
-
 // One connection being brought up. Each step writes `out`, then reads exactly `need` bytes
 // into `in` (never more: the next protocol phase's bytes must stay in the socket).
 struct Conn {
@@ -148,9 +142,12 @@ class MeshBuilder {
     int shm_links = 0;
     for (const auto& link : mesh.data) shm_links += link ? 1 : 0;  // only shm pipes so far
     for (int q = 0; q < o_.size; ++q) {
-      if (data_fd_[q] >= 0 && !mesh.data[q]) mesh.data[q].reset(new TcpLink(data_fd_[q], q));
+      const double timeout = o_.peer_timeout_seconds;
+      const std::string& addr = o_.peers[q].host;
+      if (data_fd_[q] >= 0 && !mesh.data[q])
+        mesh.data[q].reset(new TcpLink(data_fd_[q], q, timeout, addr));
       data_fd_[q] = -1;
-      if (control_fd_[q] >= 0) mesh.control[q].reset(new TcpLink(control_fd_[q], q));
+      if (control_fd_[q] >= 0) mesh.control[q].reset(new TcpLink(control_fd_[q], q, timeout, addr));
       control_fd_[q] = -1;
     }
     log_message(LogLevel::kDebug, "rank %d: connected to %d peer(s) in %.3f s, %d over shared "

@@ -4,7 +4,7 @@ Steps: learn rank and size (``SPARK_HVD_*`` from our launcher or Spark, as
 ``_bootstrap_contract`` lays down; ``OMPI_COMM_WORLD_*`` under mpirun, an mpi4py communicator,
 or another launcher's variables: torchrun, MPICH's mpiexec, horovodrun, Slurm; see
 ``_launchers``), bind the native core's listener, exchange
-"host port host_id" with every rank through a :class:`Rendezvous`, then let the core connect its
+"host port host_id hostname" with every rank through a :class:`Rendezvous`, then let the core connect its
 authenticated mesh. With none of those present the process is a job of size 1.
 """
 
@@ -179,7 +179,8 @@ def start(config, comm=None, process_sets=(), rendezvous=None, placement=None, s
         _log.debug("rank %d listens on %s:%d%s, advertised as %s", placement.rank,
                    bind_addr or "0.0.0.0", port, f" (interface {interface})" if interface else "",
                    advertised)
-        mine = f"{advertised} {port} {host_id}".encode()
+        # The machine's own name last: the core's errors name a lost host by it too.
+        mine = f"{advertised} {port} {host_id} {socket.gethostname()}".encode()
         lines = [v.decode() for v in rendezvous.allgather(mine)]
         peers = "\n".join(lines) + "\n"
         placement.fill_from_hosts([line.split()[2] for line in lines])
@@ -225,7 +226,8 @@ def start(config, comm=None, process_sets=(), rendezvous=None, placement=None, s
         autotune_steps_per_sample=config.autotune_steps_per_sample,
         autotune_bayes_opt_max_samples=config.autotune_bayes_opt_max_samples,
         autotune_gaussian_process_noise=config.autotune_gaussian_process_noise,
-        autotune_fixed=config.autotune_fixed_bits())
+        autotune_fixed=config.autotune_fixed_bits(),
+        peer_timeout_seconds=config.peer_timeout)
     try:
         check(lib.shvd_init(opts))
     except HorovodInternalError as e:

@@ -13,6 +13,7 @@ import sys
 from . import _bootstrap_contract as contract
 
 DEFAULT_FUSION_THRESHOLD = 128 * 1024 * 1024
+DEFAULT_PEER_TIMEOUT_SECONDS = 30.0
 
 
 def env(name, default=None):
@@ -94,6 +95,9 @@ class Config:
         # Cached allreduces agreed through shared memory when every rank shares one host.
         self.shm_negotiation = env_flag("SHM_NEGOTIATION", True)
         self.tcp_buffer_bytes = env_int("TCP_BUFFER_BYTES", None)
+        # A peer host silent this long (down, or its link cut: no FIN, no RST ever comes) is
+        # lost and every rank's ops fail; 0 leaves the kernel's defaults (minutes to hours).
+        self.peer_timeout = env_float("PEER_TIMEOUT_SECONDS", DEFAULT_PEER_TIMEOUT_SECONDS)
         # Gradients in memory every local member maps, reduced in place (torch).
         self.shared_gradients = env_flag("SHARED_GRADIENTS", True)
         # Horovod's gloo timeout bounds its connection set-up, as our start timeout does.
@@ -111,6 +115,8 @@ class Config:
                             ("TCP_BUFFER_BYTES", self.tcp_buffer_bytes)):
             if value is not None and value < 0:
                 raise ValueError(f"SPARK_HVD_{name} must be >= 0, got {value}")
+        if self.peer_timeout < 0:
+            raise ValueError(f"SPARK_HVD_PEER_TIMEOUT_SECONDS must be >= 0, got {self.peer_timeout}")
         if self.cycle_time_ms < 0:
             raise ValueError(f"SPARK_HVD_CYCLE_TIME must be >= 0 ms, got {self.cycle_time_ms}")
 

@@ -50,6 +50,7 @@ class InitOptions(ctypes.Structure):
         ("autotune_bayes_opt_max_samples", ctypes.c_int32),
         ("autotune_gaussian_process_noise", ctypes.c_double),
         ("autotune_fixed", ctypes.c_int32),
+        ("peer_timeout_seconds", ctypes.c_double),
     ]
 
 
