@@ -78,6 +78,8 @@ def test_engines_on_one_cpu(widen):
     ("SPARK_HVD_SHM_CHUNK_BYTES", "-4096", "SPARK_HVD_SHM_CHUNK_BYTES must be >= 0"),
     ("SPARK_HVD_SHM_PIPE_BYTES", "4 MiB", "SPARK_HVD_SHM_PIPE_BYTES='4 MiB' is not a number"),
     ("SPARK_HVD_TCP_BUFFER_BYTES", "-1", "SPARK_HVD_TCP_BUFFER_BYTES must be >= 0"),
+    ("SPARK_HVD_PEER_TIMEOUT_SECONDS", "-5", "SPARK_HVD_PEER_TIMEOUT_SECONDS must be >= 0"),
+    ("SPARK_HVD_PEER_TIMEOUT_SECONDS", "30s", "SPARK_HVD_PEER_TIMEOUT_SECONDS='30s' is not a number"),
 ])
 def test_bad_setting_is_refused(name, value, message):
     """A bad setting fails init with a message naming the variable (the launcher then stops
