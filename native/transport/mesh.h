@@ -33,7 +33,7 @@ struct MeshOptions {
   std::string job_id;              // names shared-memory segments
   bool use_shared_memory = true;
   double timeout_seconds = 30.0;   // whole mesh must be up within this
-  double peer_timeout_seconds = 30.0;  // TCP links: a silent peer host is lost after this long
+  double peer_timeout_seconds = 25.0;  // TCP links: a silent peer host is lost after this long
   int64_t shm_pipe_bytes = 0;      // capacity of each pipe direction (shm_pipe_capacity())
 };
 
