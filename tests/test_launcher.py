@@ -294,7 +294,7 @@ def test_config_flags_reach_ranks(tmp_path):
     assert v["SPARK_HVD_START_TIMEOUT"] == "45"
     assert v["SPARK_HVD_NETWORK_INTERFACE"] == "lo"
     assert v["SPARK_HVD_BIND_ADDR"] == "127.0.0.1"
-    assert "autotuning is not implemented yet" in done.stderr
+    assert v["SPARK_HVD_AUTOTUNE"] == "1"
     assert "rank 0 on localhost locally" in done.stderr  # --verbose explains the plan
     assert v["SPARK_HVD_SECRET"] not in done.stderr
 
