@@ -44,3 +44,11 @@ def bed2():
 def bed2_mgmt():
     """Two hosts whose management links (mgmt0) reach only the root namespace."""
     yield from _bed(n_hosts=2, mgmt_links=True)
+
+
+@pytest.fixture(scope="module")
+def bed2_2gbit_sshd():
+    """(bed, ssh access): two hosts running sshd, each host's egress limited to 2 Gbit/s; one
+    bed for the whole test module (jobs over ssh start in seconds, a bed in about one)."""
+    for bed in _bed(n_hosts=2, rate="2gbit"):
+        yield bed, bed.start_sshd()

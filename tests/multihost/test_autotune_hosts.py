@@ -12,7 +12,6 @@ import sys
 from pathlib import Path
 
 import pytest
-from bed import Bed
 from launcher_job import host_list, launch
 
 PY = sys.executable
@@ -21,15 +20,9 @@ SAMPLES = 6
 STEPS = 45  # warm-up 1 + 6 samples of 3 steps, then the final setting
 
 
-@pytest.fixture(scope="module")
-def bed_sshd():
-    with Bed(2, rate="2gbit") as bed:
-        yield bed, bed.start_sshd()
-    assert bed.leftovers() == []
 
-
-def _autotune_job(bed_sshd, tmp_path, *flags):
-    bed, access = bed_sshd
+def _autotune_job(bed2_2gbit_sshd, tmp_path, *flags):
+    bed, access = bed2_2gbit_sshd
     log = tmp_path / "autotune.csv"
     done = launch(["-np", "4", "-H", host_list(bed.hosts, 2), "-i", access.identity_file,
                    "--start-timeout", "30", "--autotune", "--autotune-log-file", str(log),
@@ -46,8 +39,8 @@ def _autotune_job(bed_sshd, tmp_path, *flags):
 
 
 @pytest.mark.timeout(120)
-def test_hierarchical_switches_tuned_across_hosts(bed_sshd, tmp_path):
-    rows, record = _autotune_job(bed_sshd, tmp_path)
+def test_hierarchical_switches_tuned_across_hosts(bed2_2gbit_sshd, tmp_path):
+    rows, record = _autotune_job(bed2_2gbit_sshd, tmp_path)
     assert len(rows) == SAMPLES + 1, rows
     samples = rows[:-1]
     for column in ("hierarchical_allreduce", "hierarchical_allgather"):
@@ -59,8 +52,8 @@ def test_hierarchical_switches_tuned_across_hosts(bed_sshd, tmp_path):
 
 
 @pytest.mark.timeout(120)
-def test_hierarchical_switch_given_stays_fixed(bed_sshd, tmp_path):
-    rows, record = _autotune_job(bed_sshd, tmp_path, "--hierarchical-allreduce")
+def test_hierarchical_switch_given_stays_fixed(bed2_2gbit_sshd, tmp_path):
+    rows, record = _autotune_job(bed2_2gbit_sshd, tmp_path, "--hierarchical-allreduce")
     assert len(rows) == SAMPLES + 1, rows
     assert {r["hierarchical_allreduce"] for r in rows} == {"1"}, rows
     assert {r["hierarchical_allgather"] for r in rows[1:-1]} == {"0", "1"}, rows

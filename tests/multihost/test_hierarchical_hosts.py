@@ -12,20 +12,12 @@ from collections import defaultdict
 from pathlib import Path
 
 import pytest
-from bed import Bed
 from launcher_job import host_list, launch
 
 PY = sys.executable
 WORKER = str(Path(__file__).resolve().parents[1] / "workers" / "hierarchical.py")
 _TIME = re.compile(r"^\[0\]<stdout>: TIME mib=\S+ median=(\S+) ")
 
-
-@pytest.fixture(scope="module")
-def bed_2gbit():
-    """Two hosts with sshd, each host's egress limited to 2 Gbit/s."""
-    with Bed(2, rate="2gbit") as bed:
-        yield bed, bed.start_sshd()
-    assert bed.leftovers() == []
 
 
 def _phases_begun(timeline) -> dict[str, list[str]]:
@@ -39,8 +31,8 @@ def _phases_begun(timeline) -> dict[str, list[str]]:
     return begun
 
 
-def _run(bed_2gbit, flags, *worker_args, env=None, timeout=120):
-    bed, access = bed_2gbit
+def _run(bed2_2gbit_sshd, flags, *worker_args, env=None, timeout=120):
+    bed, access = bed2_2gbit_sshd
     done = launch(["-np", "4", "-H", host_list(bed.hosts, 2), "-i", access.identity_file,
                    "--start-timeout", "30", *flags, PY, WORKER, *worker_args], env=env,
                   timeout=timeout)
@@ -51,12 +43,12 @@ def _run(bed_2gbit, flags, *worker_args, env=None, timeout=120):
 
 
 @pytest.mark.timeout(150)
-def test_results_exact_and_equal_across_hosts(bed_2gbit, tmp_path):
+def test_results_exact_and_equal_across_hosts(bed2_2gbit_sshd, tmp_path):
     """Allreduces (Sum, Max, Average with scales, 1 element to 16 MiB, fused) and an allgather,
     forced hierarchical: exact, bitwise equal on the 4 ranks, and rank 0's timeline shows the
     three steps of each."""
     timeline = tmp_path / "timeline.json"
-    _run(bed_2gbit, ["--hierarchical-allreduce", "--hierarchical-allgather"], "check",
+    _run(bed2_2gbit_sshd, ["--hierarchical-allreduce", "--hierarchical-allgather"], "check",
          env={"SPARK_HVD_TIMELINE": str(timeline)})
     phases = _phases_begun(timeline)
     assert phases["sum_4194305"][-4:] == ["INTRA_HOST_REDUCESCATTER", "CROSS_HOST_ALLREDUCE",
@@ -66,12 +58,12 @@ def test_results_exact_and_equal_across_hosts(bed_2gbit, tmp_path):
 
 
 @pytest.mark.timeout(150)
-def test_hierarchical_beats_flat_on_a_limited_link(bed_2gbit):
+def test_hierarchical_beats_flat_on_a_limited_link(bed2_2gbit_sshd):
     """32 MiB float32 allreduces, 5 timed each way: the hierarchical median is below the flat
     ring's (about 1.3x faster on this 2-core machine; the wire alone would allow 1.5x)."""
     medians = {}
     for flag in ("--hierarchical-allreduce", "--no-hierarchical-allreduce"):
-        done = _run(bed_2gbit, [flag], "time", "32", "5")
+        done = _run(bed2_2gbit_sshd, [flag], "time", "32", "5")
         times = [float(m.group(1)) for m in map(_TIME.match, done.stdout.splitlines()) if m]
         assert len(times) == 1, done.stdout
         medians[flag] = times[0]
