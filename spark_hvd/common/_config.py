@@ -113,14 +113,12 @@ class Config:
                             ("SHM_CHUNK_BYTES", self.shm_chunk_bytes),
                             ("SHM_SINGLE_COPY_MIN_BYTES", self.shm_single_copy_min_bytes),
                             ("SHM_PIPE_BYTES", self.shm_pipe_bytes),
-                            ("TCP_BUFFER_BYTES", self.tcp_buffer_bytes)):
+                            ("TCP_BUFFER_BYTES", self.tcp_buffer_bytes),
+                            ("PEER_TIMEOUT_SECONDS", self.peer_timeout)):
             if value is not None and value < 0:
                 raise ValueError(f"SPARK_HVD_{name} must be >= 0, got {value}")
-        if self.peer_timeout < 0:
-            raise ValueError(f"SPARK_HVD_PEER_TIMEOUT_SECONDS must be >= 0, got {self.peer_timeout}")
         if self.cycle_time_ms < 0:
             raise ValueError(f"SPARK_HVD_CYCLE_TIME must be >= 0 ms, got {self.cycle_time_ms}")
-
 
     def _read_autotune(self):
         """HOROVOD_AUTOTUNE and its settings (native/controller/autotune.h). A tunable setting
