@@ -170,8 +170,7 @@ def check_ssl(spark) -> None:
     if not _session.ssl_enabled(spark):
         return
     allowed = (os.environ.get(ALLOW_UNENCRYPTED_ENV, "").strip().lower() in _session.TRUE
-               or (_session.own_conf(spark, ALLOW_UNENCRYPTED_CONF) or "").strip().lower()
-               in _session.TRUE)
+               or _session.own_flag(spark, ALLOW_UNENCRYPTED_CONF))
     if not allowed:
         raise RunError(
             "This Spark cluster has TLS enabled (spark.ssl.enabled=true), but spark_hvd's "
@@ -245,8 +244,11 @@ class RunController:
         self._start_timed_out = False
         self._start_missing: list[int] = []
         self.heartbeat_timeout = DEFAULT_HEARTBEAT_TIMEOUT
-        # rank -> (its last heartbeat, when it changed on this clock); set by the liveness watch
+        # rank -> (its last heartbeat, when it changed on this clock); updated by the liveness
+        # watch's thread and, after a failure, by the driver's (_lost_hosts_ranks): the lock
+        # keeps one from iterating while the other adds a rank.
         self._beats: dict[int, tuple[bytes, float]] = {}
+        self._beats_lock = threading.Lock()
         self._lost: dict[int, dict] = {}   # ranks found lost: rank -> its last heartbeat
         self._failing = False
 
@@ -323,6 +325,8 @@ class RunController:
         if self.num_proc < 1:
             raise ValueError(f"num_proc must be at least 1, got {self.num_proc}")
         self.heartbeat_timeout = _heartbeat_timeout(spark)
+        # How often each task reports: several times within the timeout, at most once a second.
+        self.heartbeat_seconds = min(1.0, self.heartbeat_timeout / 5)
         iface = network_interface(spark, self.nics)
         if iface:
             self.env[contract.NETWORK_INTERFACE] = iface
@@ -366,7 +370,8 @@ class RunController:
         return _task.TaskSpec(
             job_id=self.job_id, secret=secret, num_proc=self.num_proc, payload=payload,
             channel_addr=self.channel.addr, start_timeout=self.start_timeout, env=self.env,
-            timestamp=self.timestamp, executable=self.executable, verbose=self.verbose, heartbeat_seconds=min(1.0, self.heartbeat_timeout / 5))
+            timestamp=self.timestamp, executable=self.executable, verbose=self.verbose,
+            heartbeat_seconds=self.heartbeat_seconds)
 
     def _run_stage(self, spec: _task.TaskSpec):
         spark = self.spark
@@ -428,7 +433,8 @@ class RunController:
         except RuntimeError:
             return
         with client:
-            while not self._done.wait(0.25):
+            # Once the stage is failing Spark kills tasks itself: silence means nothing more.
+            while not (self._done.wait(0.25) or self._failing):
                 try:
                     lost = self._silent_ranks(client, self.heartbeat_timeout)
                 except RuntimeError:
@@ -445,17 +451,20 @@ class RunController:
         (this clock): rank -> its last heartbeat and ``silent`` seconds. Updates the record of
         heartbeats."""
         beats = self.channel.ranks_with("alive", client=client)
-        over = set(self.channel.ranks_with("stopped", beats, client=client))
-        over |= set(self.channel.ranks_with("error", beats, client=client))
         now = time.monotonic()
-        for rank, value in beats.items():
-            if self._beats.get(rank, (None,))[0] != value:
-                self._beats[rank] = (value, now)
-        silent = {}
-        for rank, (value, since) in self._beats.items():
-            if rank not in over and now - since > seconds:
-                silent[rank] = {**json.loads(value), "silent": now - since}
-        return silent
+        with self._beats_lock:
+            for rank, value in beats.items():
+                if self._beats.get(rank, (None,))[0] != value:
+                    self._beats[rank] = (value, now)
+            quiet = {rank: (value, since) for rank, (value, since) in self._beats.items()
+                     if now - since > seconds}
+        if not quiet:
+            return {}
+        # Only the quiet ranks' ends are read: one store round trip per rank per poll otherwise.
+        over = set(self.channel.ranks_with("stopped", quiet, client=client))
+        over |= set(self.channel.ranks_with("error", quiet, client=client))
+        return {rank: {**json.loads(value), "silent": now - since}
+                for rank, (value, since) in quiet.items() if rank not in over}
 
     def _failure(self, error: Exception) -> RunError:
         """The RunError for a failed stage, once the other ranks were told to stop."""
@@ -515,7 +524,7 @@ class RunController:
         client cannot list executors, silence alone."""
         try:
             with self.channel.client() as client:
-                silent = self._silent_ranks(client, 3 * min(1.0, self.heartbeat_timeout / 5))
+                silent = self._silent_ranks(client, 3 * self.heartbeat_seconds)
         except RuntimeError:
             return {}
         hosts = _session.executor_hosts(self.spark) if silent else None

@@ -29,8 +29,9 @@ def slots_by_partition(addresses: list[str]) -> list[SlotInfo]:
     counts: dict[str, int] = {}
     for a in addresses:
         counts[a] = counts.get(a, 0) + 1
-    machines = list(dict.fromkeys(host_of(a) for a in addresses))
-    executors = sorted(counts, key=lambda a: machines.index(host_of(a)))  # stable: first task
+    # Machines in the order of their first task; sorted is stable, so executors keep theirs.
+    machine_order = {m: i for i, m in enumerate(dict.fromkeys(map(host_of, addresses)))}
+    executors = sorted(counts, key=lambda a: machine_order[host_of(a)])
     slots = assign_ranks([HostSlots(h, counts[h]) for h in executors], len(addresses))
     by_host: dict[str, list[SlotInfo]] = {}
     for s in slots:

@@ -64,6 +64,11 @@ def own_conf(spark, key: str) -> str | None:
     return conf(spark, "spark." + key) or conf(spark, key)
 
 
+def own_flag(spark, key: str) -> bool:
+    """:func:`own_conf` read as a flag (``true``, ``1``, ``yes``, ``on``)."""
+    return (own_conf(spark, key) or "").strip().lower() in TRUE
+
+
 def master(spark) -> str:
     if not is_connect(spark):
         return spark.sparkContext.master
