@@ -493,7 +493,8 @@ void Engine::note_collective(const Response& resp) {
     executed_params_ = tuned_;
     executed_generation_ = tuned_generation_;
   }
-  if (!autotuner_) return;
+  // Rank 0 measures only while tuning: once the best setting is kept, nothing to count.
+  if (!autotuner_ || !autotuner_->active()) return;
   size_t bytes = 0;
   for (const auto& shape : resp.shapes) {
     size_t n = dtype_size(resp.dtype);

@@ -48,8 +48,9 @@ struct EngineOptions {
   // job of one.
   std::vector<std::string> host_ids;
   // Hierarchical allreduce / allgather on sets that span hosts (algorithms/hierarchical.h): 1
-  // always, 0 never, -1 automatic. Read for every response (execute.cc), so the engine thread
-  // may change them between cycles, every rank at the same point (autotuning does).
+  // always, 0 never, -1 automatic. The starting values of the engine's tuned settings, which
+  // execute.cc reads for every response; autotuning may change those between cycles, every
+  // rank at the same point.
   int hierarchical_allreduce = -1;
   int hierarchical_allgather = -1;
   std::vector<std::vector<int>> static_process_sets;
