@@ -274,10 +274,7 @@ class Bed:
                     "PasswordAuthentication no", "KbdInteractiveAuthentication no",
                     "StrictModes no", "UsePAM no", "PermitUserEnvironment no",
                     f"PidFile {access.directory}/sshd.{h.netns}.pid", "LogLevel ERROR",
-                    "MaxStartups 100:30:200", "MaxSessions 100",
-                    # A host cut off from the launcher ends its session processes by itself
-                    # (as the README advises users' sshd to do), not when TCP gives up.
-                    "ClientAliveInterval 2", "ClientAliveCountMax 3"]) + "\n")
+                    "MaxStartups 100:30:200", "MaxSessions 100"]) + "\n")
             self.popen(h, ["/usr/sbin/sshd", "-D", "-e", "-f", config],
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         for h in self.hosts:  # ready when a key login runs a command
