@@ -6,7 +6,7 @@ NP      ?= 2
 PYTEST  := $(PY) -m pytest tests -v --timeout=600 -p no:cacheprovider --durations=30
 PYTEST_ARGS ?=
 
-.PHONY: all setup build build-debug demo test test-fast test-slow bench clean distclean
+.PHONY: all setup build build-debug demo test test-fast test-slow test-gpu bench clean distclean
 
 all: build
 
@@ -33,6 +33,15 @@ test-fast: build
 
 test-slow: build
 	$(PYTEST) -m slow $(PYTEST_ARGS)
+
+# The GPU suite (tests/gpu: every collective, the optimizer and SyncBatchNorm on CUDA tensors,
+# 1 and 2 ranks through the launcher, both ways of sharing one GPU) on a machine with a CUDA GPU
+# and a CUDA build of torch. It needs no setup step (GPU machines often have no package index):
+# the core is built with GPU_PYTHON and used from this tree. Skips, saying why, without a GPU.
+GPU_PYTHON ?= python3
+test-gpu:
+	$(GPU_PYTHON) build.py --no-tensorflow
+	PYTHONPATH=$(CURDIR) $(GPU_PYTHON) -m pytest tests/gpu -v -p no:cacheprovider $(PYTEST_ARGS)
 
 # Each benchmarks/*.py script is self-contained (launches its own workers when it needs them).
 bench: build

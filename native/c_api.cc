@@ -129,6 +129,14 @@ Entry make_entry(const shvd_op& op, std::string_view name, std::string_view grou
   }
   e.input = op.input;
   e.output = op.output;
+  if (op.device_kind == SHVD_DEVICE_CUDA) {
+    r.on_gpu = true;
+    e.gpu.device = op.device;
+    e.gpu.stream = op.stream;
+    if (op.device < 0) throw OpMismatchError("'" + r.name + "': negative CUDA device index");
+  } else if (op.device_kind != SHVD_DEVICE_HOST) {
+    throw OpMismatchError("unknown device kind " + std::to_string(op.device_kind));
+  }
 
   ProcessSets& sets = eng.process_sets();
   const int my_rank = eng.options().rank;
@@ -177,6 +185,9 @@ Entry make_entry(const shvd_op& op, std::string_view name, std::string_view grou
         r.reduce_op != ReduceOp::kSum && r.reduce_op != ReduceOp::kAverage)
       throw OpMismatchError("reducescatter supports op=Sum and op=Average only");
   }
+  if (r.on_gpu && r.reduce_op == ReduceOp::kAdasum && r.op == OpType::kAllreduce)
+    throw UnsupportedError("op=Adasum on CUDA tensors is not built into spark_hvd ('" + r.name +
+                           "'); move the tensors to the CPU for Adasum, or use op=Average");
   if ((r.op == OpType::kAllreduce || r.op == OpType::kBroadcast) && !e.output)
     throw OpMismatchError("'" + r.name + "': no output buffer");
   if (r.op == OpType::kBroadcast) {
@@ -220,6 +231,21 @@ Entry make_entry(const shvd_op& op, std::string_view name, std::string_view grou
     }
   }
   return e;
+}
+
+// Queues validated entries. CUDA tensors' streams get their "ready" events here, once nothing
+// can refuse the batch any more but the queue itself (the events go back if it does).
+void enqueue_entries(Engine& eng, std::vector<Entry>& entries, int64_t* handles, bool awaited) {
+  size_t recorded = 0;
+  try {
+    for (; recorded < entries.size(); ++recorded)
+      if (entries[recorded].gpu.device >= 0) gpu::record_ready(entries[recorded].gpu);
+    eng.enqueue(entries, handles, awaited);
+  } catch (...) {
+    for (size_t i = 0; i < recorded && i < entries.size(); ++i)
+      if (entries[i].gpu.ready) gpu::forget_ready(entries[i].gpu);
+    throw;
+  }
 }
 
 }  // namespace
@@ -314,6 +340,14 @@ int32_t shvd_init(const shvd_init_options* o) {
       eo.shm_group.single_copy_min_bytes = uint64_t(o->shm_single_copy_min_bytes);
     eo.shm_group.arenas = o->shm_arenas != 0;
     eo.shm_negotiation = o->shm_negotiation != 0;
+    if (const char* shared_gpu = std::getenv("SPARK_HVD_SHARED_GPU"); shared_gpu && *shared_gpu) {
+      const std::string v = shared_gpu;
+      if (v == "nccl" || v == "NCCL") eo.shared_gpu = gpu::SharedGpu::kNccl;
+      else if (v != "host" && v != "HOST")
+        return fail(SHVD_ERR_INVALID, "SPARK_HVD_SHARED_GPU=" + v + " is not a choice: use "
+                    "'host' (ranks sharing a GPU reduce CUDA tensors through host memory) or "
+                    "'nccl' (through NCCL's network transport)");
+    }
     eo.hierarchical_allreduce = o->hierarchical_allreduce;
     eo.hierarchical_allgather = o->hierarchical_allgather;
     for (const PeerAddress& p : mo.peers) eo.host_ids.push_back(p.host_id);
@@ -437,7 +471,7 @@ int32_t shvd_enqueue(const shvd_op* ops, int32_t n, int64_t* handles) {
       entries.push_back(make_entry(op, op.name ? op.name : "", op.group ? op.group : "",
                                    op.shape, op.splits, *eng));
     }
-    eng->enqueue(entries, handles);
+    enqueue_entries(*eng, entries, handles, false);
     return 0;
   });
 }
@@ -451,8 +485,10 @@ int32_t enqueue_packed(const char* records, int64_t len, int32_t n, int64_t* han
     int64_t input, output;
     double prescale, postscale;
     int32_t name_len, group_len;
+    int32_t device_kind, device;
+    int64_t stream;
   };
-  static_assert(sizeof(Header) == 72, "record header layout must match Python's struct format");
+  static_assert(sizeof(Header) == 88, "record header layout must match Python's struct format");
   REQUIRE_ENGINE(eng);
   return guarded([&]() -> int32_t {
     std::vector<Entry> entries;
@@ -481,13 +517,16 @@ int32_t enqueue_packed(const char* records, int64_t len, int32_t n, int64_t* han
       op.output = reinterpret_cast<void*>(h.output);
       op.prescale = h.prescale;
       op.postscale = h.postscale;
+      op.device_kind = h.device_kind;
+      op.device = h.device;
+      op.stream = reinterpret_cast<void*>(h.stream);
       const std::string_view name(p, size_t(h.name_len));
       const std::string_view group(p + h.name_len, size_t(h.group_len));
       const char* shape = p + h.name_len + h.group_len;
       entries.push_back(make_entry(op, name, group, shape, shape + 8 * size_t(h.ndim), *eng));
       p += tail;
     }
-    eng->enqueue(entries, handles, awaited);
+    enqueue_entries(*eng, entries, handles, awaited);
     return 0;
   });
 }
@@ -599,9 +638,46 @@ int32_t shvd_release_completed(int64_t* handles, int32_t n) {
 
 int32_t shvd_output(int64_t handle, void** data, int64_t* nbytes) {
   REQUIRE_HANDLE(e, s, handle);
+  if (s->output_device >= 0) {
+    *data = s->device_output;
+    *nbytes = int64_t(s->device_output_bytes);
+    return 0;
+  }
   *data = s->output.data();
   *nbytes = int64_t(s->output.size());
   return 0;
+}
+
+int32_t shvd_output_device(int64_t handle) {
+  REQUIRE_HANDLE(e, s, handle);
+  return s->output_device;
+}
+
+int32_t shvd_output_copy(int64_t handle, void* dst, void* stream) {
+  REQUIRE_HANDLE(e, s, handle);
+  if (s->output_device < 0 || !s->device_output)
+    return fail(SHVD_ERR_STATE, "handle " + std::to_string(handle) +
+                                    " has no GPU result to copy (not a CUDA op, or copied)");
+  return guarded([&]() -> int32_t {
+    void* src = s->device_output;
+    s->device_output = nullptr;
+    gpu::copy_device_output(s->output_device, src, s->device_output_bytes, dst, stream);
+    return 0;
+  });
+}
+
+int32_t shvd_gpu_load(const char* cudart_path, const char* nccl_path) {
+  return gpu::load(cudart_path, nccl_path);
+}
+
+const char* shvd_gpu_report(void) { return gpu::load_report().c_str(); }
+
+int32_t shvd_gpu_counters(int64_t* out, int32_t n) {
+  const int64_t values[3] = {gpu::counters().nccl_collectives.load(),
+                             gpu::counters().host_staged_bytes.load(),
+                             gpu::status() == 2 ? int64_t(gpu::nccl().version) : 0};
+  for (int i = 0; i < n && i < 3; ++i) out[i] = values[i];
+  return 3;
 }
 
 int32_t shvd_output_shape(int64_t handle, int64_t* shape, int32_t cap) {

@@ -9,7 +9,7 @@ import subprocess
 import pytest
 
 from conftest import PY, REPO, job_env, run_job
-from spark_hvd.common import util
+from spark_hvd.common import basics, util
 
 
 def test_env_sets_and_restores_variables(monkeypatch):
@@ -51,7 +51,7 @@ def test_version_comparison_follows_horovod():
 
 def test_what_was_built():
     assert util.gloo_built() is True and util.mpi_built() is False
-    assert util.nccl_built() is False and util.ddl_built() is False
+    assert util.nccl_built() is basics.nccl_built() and util.ddl_built() is False
     assert util.ccl_built() is False and util.gpu_available("torch") is False
     assert util.extension_available("torch") and util.extension_available("tensorflow")
     assert not util.extension_available("mxnet")

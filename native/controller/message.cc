@@ -26,14 +26,14 @@ bool Request::same_params(const Request& o) const {
   return op == o.op && name == o.name && dtype == o.dtype && shape == o.shape &&
          reduce_op == o.reduce_op && prescale == o.prescale && postscale == o.postscale &&
          root == o.root && process_set == o.process_set && splits == o.splits &&
-         group == o.group && group_size == o.group_size;
+         group == o.group && group_size == o.group_size && on_gpu == o.on_gpu;
 }
 
 bool fusable_allreduces(const Response& a, const Response& b) {
   return a.error.empty() && b.error.empty() && a.op == OpType::kAllreduce &&
          b.op == OpType::kAllreduce && a.dtype == b.dtype && a.reduce_op == b.reduce_op &&
          a.prescale == b.prescale && a.postscale == b.postscale &&
-         a.process_set == b.process_set && a.joined == b.joined;
+         a.process_set == b.process_set && a.joined == b.joined && a.on_gpu == b.on_gpu;
 }
 
 namespace {
@@ -100,6 +100,7 @@ void write_request(Writer& w, const Request& r) {
   w.vec(r.splits);
   w.str(r.group);
   w.pod(r.group_size);
+  w.pod<uint8_t>(r.on_gpu);
 }
 
 Request read_request(Reader& rd) {
@@ -116,6 +117,7 @@ Request read_request(Reader& rd) {
   r.splits = rd.vec<int64_t>();
   r.group = rd.str();
   r.group_size = rd.pod<int32_t>();
+  r.on_gpu = rd.pod<uint8_t>();
   return r;
 }
 
@@ -175,6 +177,7 @@ std::string encode(const ResponseBatch& b) {
     w.vec(r.joined);
     w.pod(r.last_joined);
     w.vec(r.cache_ids);
+    w.pod<uint8_t>(r.on_gpu);
   }
   return std::move(w.out);
 }
@@ -214,6 +217,7 @@ ResponseBatch decode_response_batch(const std::string& bytes) {
     r.joined = rd.vec<int32_t>();
     r.last_joined = rd.pod<int32_t>();
     r.cache_ids = rd.vec<int64_t>();
+    r.on_gpu = rd.pod<uint8_t>();
   }
   return b;
 }

@@ -38,6 +38,7 @@ struct Request {
   std::vector<int64_t> splits; // alltoall: rows sent to each member
   std::string group;           // grouped ops: negotiated and answered together
   int32_t group_size = 0;
+  bool on_gpu = false;         // a CUDA tensor (each rank's own device)
 
   bool same_params(const Request& o) const;
 };
@@ -67,10 +68,11 @@ struct Response {
   std::vector<int32_t> joined;               // global ranks that had joined (contribute zeros)
   int32_t last_joined = -1;                  // join: the last rank to join
   std::vector<int64_t> cache_ids;            // per name: response-cache id or -1
+  bool on_gpu = false;                       // CUDA tensors: the GPU path runs it
 };
 
 // Whether two allreduce responses can run as one fused collective (same dtype, reduction,
-// scaling, process set and joined ranks).
+// scaling, process set, joined ranks and device kind).
 bool fusable_allreduces(const Response& a, const Response& b);
 
 // The engine's run-time settings that autotuning changes (controller/autotune.h). Rank 0 sends

@@ -54,7 +54,7 @@ bool uniform_requests(const std::vector<Request>& by_rank, const std::vector<int
         q.op == first.op && q.process_set == first.process_set && q.dtype == first.dtype &&
         q.group_size == first.group_size && q.group == first.group && q.root == first.root &&
         q.reduce_op == first.reduce_op && q.prescale == first.prescale &&
-        q.postscale == first.postscale &&
+        q.postscale == first.postscale && q.on_gpu == first.on_gpu &&
         (ragged ? q.shape.size() == first.shape.size() &&
                       std::equal(q.shape.begin() + std::min<size_t>(1, q.shape.size()),
                                  q.shape.end(),
@@ -88,6 +88,7 @@ Response response_skeleton(const std::string& name, const Request& first,
   resp.process_set = first.process_set;
   resp.shapes = {first.shape};
   resp.joined = joined;
+  resp.on_gpu = first.on_gpu;
   return resp;
 }
 
@@ -115,6 +116,8 @@ Response agreed_response(const std::string& name, const std::vector<Request>& by
     if (!uniform) d = disagreement(submitted, by([](const Request& q) { return std::string(dtype_name(q.dtype)); }));
     if (!d.empty()) return fail("Mismatched data types for " + tensor() + ": " + d);
   }
+  if (!uniform) d = disagreement(submitted, by([](const Request& q) { return std::string(q.on_gpu ? "a CUDA tensor" : "a host tensor"); }));
+  if (!d.empty()) return fail("Mismatched CPU/GPU device selection for " + tensor() + ": " + d);
   if (!uniform) d = disagreement(submitted, by([](const Request& q) { return std::to_string(q.group_size) + " tensors in group '" + q.group + "'"; }));
   if (!d.empty()) return fail("Mismatched grouped operation for " + tensor() + ": " + d);
   if (!joined.empty() && first.op != OpType::kAllreduce)

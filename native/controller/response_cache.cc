@@ -42,6 +42,7 @@ void ResponseCache::remember_answers(const Response& resp, const ProcessSets& se
     r.root = resp.root;
     r.process_set = resp.process_set;
     r.shapes = {resp.shapes[i]};
+    r.on_gpu = resp.on_gpu;
     r.cache_ids = {id};
     a.members = members;
     size_t elements = 1;

@@ -205,6 +205,7 @@ void Engine::loop() {
   } catch (const std::exception& e) {
     abort_job(e.what());
   }
+  gpu_.reset();  // waits for the GPU work in flight (failed at once after an abort)
   // Ops still pending at a coordinated shutdown can never complete.
   std::vector<Entry> queued;
   {
@@ -692,6 +693,7 @@ void Engine::abort_job(const std::string& why) {
     abort_reason_ = why;
     queued.swap(queue_);
   }
+  if (gpu_) gpu_->abort("spark_hvd job aborted: " + why);
   for (auto& kv : table_) complete(kv.second, SHVD_ERR_INTERNAL, "spark_hvd job aborted: " + why);
   for (auto& e : queued) complete(e, SHVD_ERR_INTERNAL, "spark_hvd job aborted: " + why);
   handles_.wake_waiters();
@@ -727,6 +729,7 @@ void Engine::execute_response(const Response& resp) {
         communicators_.erase(resp.root);
         shm_groups_.erase(resp.root);
         hierarchies_.erase(resp.root);
+        if (gpu_) gpu_->forget_set(resp.root);
         id = resp.root;
       }
     }
@@ -764,17 +767,16 @@ void Engine::execute_response(const Response& resp) {
   } else if (my_index >= 0) {
     note_collective(resp);
     const Communicator& comm = communicator(resp.process_set);
-    switch (resp.op) {
-      case OpType::kAllreduce: run_allreduce(resp, entries, comm); break;
-      case OpType::kAllgather: run_allgather(resp, *entries[0], comm); break;
-      case OpType::kBroadcast: run_broadcast(resp, *entries[0], comm); break;
-      case OpType::kAlltoall: run_alltoall(resp, *entries[0], comm); break;
-      case OpType::kReducescatter: run_reducescatter(resp, *entries[0], comm); break;
-      case OpType::kBarrier: break;
-      default: break;
+    if (resp.on_gpu) {
+      if (!gpu_)
+        gpu_ = std::make_unique<gpu::GpuPath>(*this, options_.rank, options_.job_id,
+                                              options_.shared_gpu);
+      gpu_->execute(resp, entries, comm, resp.process_set, timeline_);  // completes them
+    } else {
+      run_on_host(resp, entries, comm);
+      for (Entry* e : entries)
+        if (e) complete(*e);
     }
-    for (Entry* e : entries)
-      if (e) complete(*e);
   }
   for (const auto& name : resp.names) table_.erase(name);
 }

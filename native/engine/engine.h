@@ -30,6 +30,7 @@
 #include "../controller/negotiation_board.h"
 #include "../controller/process_sets.h"
 #include "../controller/response_cache.h"
+#include "../gpu/gpu_path.h"
 #include "../timeline/timeline.h"
 #include "../transport/mesh.h"
 #include "fusion_buffer.h"
@@ -66,6 +67,8 @@ struct EngineOptions {
   bool shm_negotiation = true;
   // Autotuning of the run-time settings (TunedParams): rank 0's options apply.
   AutotuneOptions autotune;
+  // What ranks of a set that share a GPU do with CUDA tensors (SPARK_HVD_SHARED_GPU).
+  gpu::SharedGpu shared_gpu = gpu::SharedGpu::kHost;
 };
 
 // One enqueued op as the engine keeps it until completion.
@@ -74,9 +77,10 @@ struct Entry {
   const void* input = nullptr;
   void* output = nullptr;
   std::shared_ptr<HandleState> state;
+  gpu::TensorPlace gpu;  // a CUDA tensor's device, stream and ready event (device -1: host)
 };
 
-class Engine {
+class Engine : public gpu::GpuPath::Host {
  public:
   Engine(EngineOptions options, Mesh mesh, bool shared_memory);
   ~Engine();
@@ -153,6 +157,16 @@ class Engine {
   const Communicator& communicator(int process_set);
 
   // Op execution (execute.cc).
+  void run_on_host(const Response& r, std::vector<Entry*>& entries,
+                   const Communicator& comm) override;
+  // What the GPU path borrows (gpu/gpu_path.h).
+  void host_broadcast(const Communicator& comm, void* buf, size_t bytes, int root) override;
+  void host_allgather(const Communicator& comm, const void* mine, size_t bytes,
+                      void* all) override;
+  void complete_entry(Entry& e, int error_kind, const std::string& error) override {
+    complete(e, error_kind, error);
+  }
+  void wake_waiters() override { handles_.wake_waiters(); }
   void run_allreduce(const Response& r, std::vector<Entry*>& entries, const Communicator& comm);
   void run_allgather(const Response& r, Entry& e, const Communicator& comm);
   void run_broadcast(const Response& r, Entry& e, const Communicator& comm);
@@ -174,6 +188,7 @@ class Engine {
   std::map<int, std::unique_ptr<SharedMemoryGroup>> shm_groups_;
   std::map<int, std::unique_ptr<Hierarchy>> hierarchies_;  // sets spanning hosts
   std::unique_ptr<NegotiationBoard> board_;
+  std::unique_ptr<gpu::GpuPath> gpu_;  // made at the first response on CUDA tensors
   uint64_t board_read_ = 0;                // log entries this rank executed
   size_t board_fusion_bytes_ = 0;          // rank 0's fusion threshold (every rank alike)
   std::deque<ResponseBatch> tcp_batches_;  // received, waiting for their marker in the log

@@ -101,6 +101,28 @@ void run_collective(Timeline& tl, const Response& r, const CollectiveCase& c,
 
 }  // namespace
 
+void Engine::run_on_host(const Response& r, std::vector<Entry*>& entries,
+                         const Communicator& comm) {
+  switch (r.op) {
+    case OpType::kAllreduce: run_allreduce(r, entries, comm); break;
+    case OpType::kAllgather: run_allgather(r, *entries[0], comm); break;
+    case OpType::kBroadcast: run_broadcast(r, *entries[0], comm); break;
+    case OpType::kAlltoall: run_alltoall(r, *entries[0], comm); break;
+    case OpType::kReducescatter: run_reducescatter(r, *entries[0], comm); break;
+    default: break;  // barrier: the negotiation was the barrier
+  }
+}
+
+void Engine::host_broadcast(const Communicator& comm, void* buf, size_t bytes, int root) {
+  broadcast_tree(comm, buf, bytes, root);
+}
+
+void Engine::host_allgather(const Communicator& comm, const void* mine, size_t bytes,
+                            void* all) {
+  std::memcpy(static_cast<uint8_t*>(all) + bytes * size_t(comm.rank), mine, bytes);
+  allgather_ring(comm, all, std::vector<size_t>(size_t(comm.size), bytes));
+}
+
 void Engine::run_allreduce(const Response& r, std::vector<Entry*>& entries,
                            const Communicator& comm) {
   const size_t esize = dtype_size(r.dtype);

@@ -1,8 +1,14 @@
 #include "handles.h"
 
+#include "../gpu/gpu_path.h"
+
 #include <thread>
 
 namespace shvd {
+
+HandleState::~HandleState() {
+  if (device_output) gpu::free_device_output(output_device, device_output);
+}
 
 namespace {
 std::atomic<int64_t> next_handle{1};  // process-wide: see HandleTable::create

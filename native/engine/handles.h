@@ -16,10 +16,15 @@
 namespace shvd {
 
 struct HandleState {
+  ~HandleState();  // frees a GPU result nobody copied
   std::atomic<bool> done{false};
   int error_kind = 0;  // SHVD_ERR_*
   std::string error;
   std::vector<uint8_t> output;        // core-allocated result
+  // A result on a GPU instead (CUDA tensors): freed by shvd_output_copy or the release.
+  void* device_output = nullptr;
+  size_t device_output_bytes = 0;
+  int output_device = -1;
   std::vector<int64_t> output_shape;
   std::vector<int64_t> ints;          // received splits / last joined rank / new set id
 };

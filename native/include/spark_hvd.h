@@ -153,7 +153,20 @@ typedef struct {
   int32_t nsplits;
   const char* group;     /* grouped ops: shared group name, NULL otherwise */
   int32_t group_size;
+  /* SHVD_DEVICE_CUDA: `input`/`output` are device pointers on CUDA device `device`, valid for
+   * work enqueued on `stream` (a cudaStream_t; 0 the legacy default stream) at the time of the
+   * call. The core waits for the stream's work so far (an event, no host synchronisation);
+   * the result is usable on any stream once the handle completes. */
+  int32_t device_kind;
+  int32_t device;
+  void* stream;
 } shvd_op;
+
+/* Where an op's tensors live (shvd_op.device_kind). */
+enum {
+  SHVD_DEVICE_HOST = 0,
+  SHVD_DEVICE_CUDA = 1,
+};
 
 /* Phase 1: bind the listening socket; returns the port or -1. `tcp_buffer_bytes` sizes the
  * send and receive buffers of every TCP data socket of the mesh (-1: the default, 4 MiB; 0: the
@@ -196,9 +209,10 @@ int32_t shvd_process_set_find(const int32_t* ranks, int32_t n); /* id or -1 */
  * On failure no op is enqueued. */
 int32_t shvd_enqueue(const shvd_op* ops, int32_t n, int64_t* handles);
 /* The same as shvd_enqueue, with the ops serialised back to back in one buffer (what Python
- * uses: one struct.pack instead of a ctypes structure per op). Each record, little-endian, a 72-byte header:
+ * uses: one struct.pack instead of a ctypes structure per op). Each record, little-endian, an 88-byte header:
  *   int32 op, dtype, reduce_op, root_rank, process_set, ndim, nsplits, group_size,
  *   int64 input, output, float64 prescale, postscale, int32 name_len, group_len,
+ *   int32 device_kind, device, int64 stream (88 bytes in all),
  *   then name bytes, group bytes, int64 shape[ndim], int64 splits[nsplits]. */
 int32_t shvd_enqueue_packed(const char* records, int64_t len, int32_t n, int64_t* handles);
 /* One packed record (the per-tensor hot path): returns its handle (> 0), or -1 on failure. */
@@ -239,6 +253,23 @@ int32_t shvd_output_shape(int64_t handle, int64_t* shape, int32_t cap); /* ndim 
 /* alltoall: rows received from each member; join: [last joined rank]; add: [new set id]. */
 int32_t shvd_output_ints(int64_t handle, int64_t* out, int32_t cap);   /* count or -1 */
 int32_t shvd_release(int64_t handle);
+
+/* Results on a GPU (allgather, alltoall, reducescatter of CUDA tensors): the device holding
+ * the result, or -1 for host memory (shvd_output's pointer is then a device pointer). */
+int32_t shvd_output_device(int64_t handle);
+/* Copies a GPU result into `dst` (device memory of `nbytes` as shvd_output says) on `stream`
+ * and frees the core's copy there, stream-ordered: the result is in `dst` for work enqueued on
+ * `stream` afterwards. At most once per handle. */
+int32_t shvd_output_copy(int64_t handle, void* dst, void* stream);
+
+/* The GPU path. Loads the CUDA runtime and NCCL once per process (paths may be NULL; see
+ * gpu_libraries.h for the search) and returns 0 (no CUDA runtime), 1 (CUDA runtime, no NCCL:
+ * CUDA tensors are reduced through host memory) or 2 (NCCL). Needs no initialized engine. */
+int32_t shvd_gpu_load(const char* cudart_path, const char* nccl_path);
+const char* shvd_gpu_report(void); /* what shvd_gpu_load found, in words */
+/* out[0] collectives run through NCCL, out[1] bytes of CUDA tensors staged through host memory
+ * by the core, out[2] the NCCL version (0 if none). Writes min(n, 3); returns 3. */
+int32_t shvd_gpu_counters(int64_t* out, int32_t n);
 
 /* The run-time settings the latest collective of this rank ran with (autotuning changes them,
  * on every rank at the same collective): out[0] settings applied before it (0: the initial

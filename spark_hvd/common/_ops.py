@@ -84,38 +84,44 @@ def _record_format(key):
     if fmt is None:
         if len(_RECORD_FORMATS) > 4096:
             _RECORD_FORMATS.clear()
-        fmt = _RECORD_FORMATS[key] = struct.Struct("<8i2q2d2i{}s{}s{}q".format(*key))
+        fmt = _RECORD_FORMATS[key] = struct.Struct("<8i2q2d4iq{}s{}s{}q".format(*key))
     return fmt
 
 
+HOST = (0, 0, 0)  # (device kind, device, stream) of a host buffer
+
+
 def make_op(kind, name, dtype, shape, input_ptr, output_ptr, reduce_op=Sum, prescale=1.0,
-            postscale=1.0, root_rank=0, process_set=0, splits=(), group=None, group_size=0):
-    """Serialises one op description for ``shvd_enqueue_packed`` (layout in spark_hvd.h)."""
+            postscale=1.0, root_rank=0, process_set=0, splits=(), group=None, group_size=0,
+            place=HOST):
+    """Serialises one op description for ``shvd_enqueue_packed`` (layout in spark_hvd.h).
+    ``place``: ``(1, device, stream)`` for buffers on CUDA device ``device``, ready for work
+    enqueued on ``stream`` (a ``cudaStream_t`` as an int)."""
     name_b = name.encode()
     group_b = group.encode() if group else b""
     ndim, nsplits = len(shape), len(splits)
     fmt = _record_format((len(name_b), len(group_b), ndim + nsplits))
     return fmt.pack(kind, dtype, reduce_op, root_rank, process_set, ndim, nsplits, group_size,
                     input_ptr or 0, output_ptr or 0, prescale, postscale, len(name_b),
-                    len(group_b), name_b, group_b, *shape, *splits)
+                    len(group_b), *place, name_b, group_b, *shape, *splits)
 
 
 def _allreduce_record(name, dtype, shape, input_ptr, output_ptr, reduce_op, prescale, postscale,
-                      process_set):
+                      process_set, place=HOST):
     name_b = name.encode() if type(name) is str else str(name).encode()
     ndim = len(shape)
     key = (len(name_b), 0, ndim)
     return (_RECORD_FORMATS.get(key) or _record_format(key)).pack(
         OP_ALLREDUCE, dtype, reduce_op, 0, process_set, ndim, 0, 0, input_ptr, output_ptr,
-        prescale, postscale, len(name_b), 0, name_b, b"", *shape)
+        prescale, postscale, len(name_b), 0, *place, name_b, b"", *shape)
 
 
 def enqueue_allreduce(name, dtype, shape, input_ptr, output_ptr, reduce_op, prescale, postscale,
-                      process_set):
+                      process_set, place=HOST):
     """:func:`enqueue_one` for a single allreduce with positional arguments: the per-tensor hot
     path of every adapter (gradient hooks, ``allreduce_async_``), about twice as fast."""
     record = _allreduce_record(name, dtype, shape, input_ptr, output_ptr, reduce_op, prescale,
-                               postscale, process_set)
+                               postscale, process_set, place)
     handle = _enqueue_native(record, len(record))
     if handle == -1:
         _enqueue_failed()
@@ -128,7 +134,7 @@ _SYNC_RECORDS = {}  # allreduce_now's records by their arguments
 
 
 def allreduce_now(name, dtype, shape, input_ptr, output_ptr, reduce_op, prescale, postscale,
-                  process_set, keepalive):
+                  process_set, keepalive, place=HOST):
     """A synchronous allreduce of one buffer (arguments as :func:`enqueue_allreduce`): enqueues
     it and waits in one native call, which also tells the engine to send it at once (no burst
     to end; see ``shvd_enqueue_record_wait``). ``keepalive``: the buffers, kept until the op
@@ -136,14 +142,14 @@ def allreduce_now(name, dtype, shape, input_ptr, output_ptr, reduce_op, prescale
     # A latency-bound loop repeats the same call (same buffer, name, shape): its record is
     # packed once (a lookup costs about a third of a pack).
     key = (name, dtype, shape, input_ptr, output_ptr, reduce_op, prescale, postscale,
-           process_set)
+           process_set, place)
     record = _SYNC_RECORDS.get(key)
     if record is None:
         if len(_SYNC_RECORDS) >= 1024:
             _SYNC_RECORDS.clear()
         record = _SYNC_RECORDS[key] = _allreduce_record(
             name, dtype, shape, input_ptr, output_ptr, reduce_op, prescale, postscale,
-            process_set)
+            process_set, place)
     rc = 0
     try:
         rc = _enqueue_wait_native(record, len(record), _SLICE)

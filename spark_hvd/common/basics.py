@@ -187,8 +187,11 @@ def mpi_threads_supported():
 
 
 def nccl_built():
-    """False: no NCCL transport in this build (CUDA tensors are staged through host memory)."""
-    return False
+    """True when the core can run collectives of CUDA tensors through NCCL in this process:
+    the CUDA runtime and NCCL (2.7 or later) were found and loaded (see
+    ``spark_hvd.common._gpu`` for where they are looked for). Needs no GPU to be True."""
+    from . import _gpu
+    return _gpu.status() == 2
 
 
 def ddl_built():
@@ -202,8 +205,18 @@ def ccl_built():
 
 
 def cuda_built():
-    """False: the core has no CUDA-aware transport in this build."""
-    return False
+    """True when the core takes CUDA tensors itself (the CUDA runtime was found): they are
+    reduced through NCCL where :func:`nccl_built`, else through host memory by the core."""
+    from . import _gpu
+    return _gpu.status() >= 1
+
+
+def gpu_counters():
+    """What the GPU path did in this process: ``nccl_collectives`` (collectives run through
+    NCCL), ``host_staged_bytes`` (bytes of CUDA tensors copied through host memory) and
+    ``nccl_version`` (0: no NCCL)."""
+    from . import _gpu
+    return _gpu.counters()
 
 
 def rocm_built():

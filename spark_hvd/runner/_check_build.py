@@ -71,4 +71,14 @@ def check_build_report() -> str:
     ]
     if problem is not None:
         lines.append(f"native core: not loadable ({problem}); [?] marks what it would answer")
+    else:
+        lines.append(f"CUDA tensors: {_gpu_report()}")
     return "\n".join(lines)
+
+
+def _gpu_report() -> str:
+    """What the core's GPU path loaded (spark_hvd.common._gpu), in words."""
+    try:
+        return importlib.import_module("spark_hvd.common._gpu").report()
+    except Exception as e:  # the report is informative only
+        return f"unknown ({type(e).__name__}: {e})"

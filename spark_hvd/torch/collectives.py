@@ -5,11 +5,14 @@ The adapter only turns tensors into (pointer, dtype code, shape) for the core an
 - A contiguous CPU tensor is handed to the core by its ``data_ptr()``: no copy. In-place ops
   (``allreduce_``, ``broadcast_``) and allreduce/broadcast outputs are written by the core
   directly into the tensor's memory.
-- A non-contiguous tensor, or one on another device (CUDA), is staged through a contiguous
-  host copy; in-place ops copy the result back into it. There is no GPU transport in this
-  build (``cuda_built()`` is False), so this copy is how CUDA tensors take part.
+- A CUDA tensor is handed to the core by its device pointer, with its device and the current
+  stream (``cuda_built()``): the core waits for that stream's work so far on a stream of its
+  own (an event, no host synchronisation) and runs NCCL there; no host copy.
+- A non-contiguous tensor is made contiguous first (on its own device), and in-place ops copy
+  the result back into it. Where the core has no CUDA runtime, CUDA tensors are staged through
+  a host copy (counted in ``gpu_counters()["host_staged_bytes"]``).
 - Results the core allocates (allgather, alltoall, reducescatter) are copied once into a new
-  tensor of the result's shape.
+  tensor of the result's shape (device to device for CUDA tensors).
 
 Every ``*_async`` function returns a handle for :func:`poll` / :func:`synchronize`. The
 differentiable synchronous forms (``allreduce``, ``allgather``, ...) are in
@@ -20,7 +23,7 @@ import ctypes
 
 import torch
 
-from ..common import _ops, basics
+from ..common import _gpu, _ops, basics
 from ..common._errors import as_collective_error
 from ..common._native import (BFLOAT16, BOOL, FLOAT16, FLOAT32, FLOAT64, INT8, INT16, INT32,
                               INT64, OP_ALLGATHER, OP_ALLREDUCE, OP_ALLTOALL, OP_BARRIER,
@@ -50,19 +53,32 @@ def _dtype_code(tensor):
 
 
 def _host(tensor):
-    """``(buffer, staged)``: a contiguous CPU tensor holding ``tensor``'s values, and whether it
-    is a copy (False: it shares ``tensor``'s memory)."""
+    """``(buffer, staged)``: a contiguous tensor the core can read ``tensor``'s values from (on
+    the CPU, or on its CUDA device when the core takes CUDA tensors), and whether it is a copy
+    (False: it shares ``tensor``'s memory)."""
     if not isinstance(tensor, torch.Tensor):
         raise ValueError(f"expected a torch.Tensor, got {type(tensor).__name__}")
     if tensor.layout != torch.strided:
         raise ValueError(f"{tensor.layout} tensors are not supported here; sparse tensors are "
                          "reduced with sparse_allreduce_async (or densify them first)")
-    if tensor.is_cpu and tensor.is_contiguous():
+    if tensor.is_contiguous() and (tensor.is_cpu or (tensor.is_cuda and _core_takes_cuda())):
         return tensor, False  # the core reads and writes its memory; autograd never sees it
     t = tensor.detach()
-    if not t.is_cpu:
+    if not t.is_cpu and not (t.is_cuda and _core_takes_cuda()):
+        _gpu.count_python_staged(t.numel() * t.element_size())
         t = t.to("cpu")
     return t.contiguous(), True
+
+
+def _core_takes_cuda():
+    return _gpu.status() >= 1
+
+
+def _place(tensor):
+    """Where the core finds ``tensor``'s buffer: ``(device kind, device, stream)``."""
+    if tensor.is_cuda:
+        return (1, tensor.device.index, torch.cuda.current_stream(tensor.device).cuda_stream)
+    return _ops.HOST
 
 
 def _ptr(tensor):
@@ -80,11 +96,16 @@ def _copy_back(staged, tensor):
     return tensor
 
 
-def _allocate(dtype):
+def _allocate(dtype, device=None):
     def allocate(shape, nbytes):
-        t = torch.empty(shape, dtype=dtype)
+        t = torch.empty(shape, dtype=dtype, device=device)
         return t, _ptr(t)
     return allocate
+
+
+def _output_stream(tensor):
+    """The stream a CUDA result is copied on (None for host results)."""
+    return torch.cuda.current_stream(tensor.device).cuda_stream if tensor.is_cuda else None
 
 
 def _auto_name(kind, name, set_id):
@@ -203,7 +224,8 @@ def _allreduce_handle(tensors, inplace, name, op, prescale, postscale, process_s
         op_name = f"{group}.{i}" if grouped else _auto_name(kind, name, ps)
         return _ops.make_op(OP_ALLREDUCE, op_name, _dtype_code(host), host.shape, _ptr(host),
                             _ptr(out), reduce_op=op, prescale=prescale, postscale=postscale,
-                            process_set=ps, group=group, group_size=n if grouped else 0)
+                            process_set=ps, group=group, group_size=n if grouped else 0,
+                            place=_place(host))
     return _staged_batch(tensors, inplace, record, single=not grouped)
 
 
@@ -213,7 +235,8 @@ def _allreduce_one(tensor, inplace, name, op, prescale, postscale, process_set):
     host, staged = _host(tensor)
     out = host if inplace else torch.empty_like(host)
     h = _enqueue_allreduce(_auto_name("allreduce", name, ps), _dtype_code(host), host.shape,
-                           _ptr(host), _ptr(out), op, float(prescale), float(postscale), ps)
+                           _ptr(host), _ptr(out), op, float(prescale), float(postscale), ps,
+                           _place(host))
     if not staged:
         return _ops.ResultHandle(h, tensor if inplace else out, keepalive=(host, out))
 
@@ -233,7 +256,7 @@ def _allreduce_batch_async_(tensors, names, op, prescale, postscale, process_set
     def record(i, host, out):
         return _ops.make_op(OP_ALLREDUCE, names[i], _dtype_code(host), host.shape, _ptr(host),
                             _ptr(out), reduce_op=op, prescale=float(prescale),
-                            postscale=float(postscale), process_set=ps)
+                            postscale=float(postscale), process_set=ps, place=_place(host))
     return _staged_batch(tensors, True, record)
 
 
@@ -264,8 +287,8 @@ def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
                postscale_factor=1.0, process_set=global_process_set):
     """In-place allreduce: reduces ``tensor`` over the ranks and writes the result into it
     (not differentiable). Returns ``tensor``."""
-    if isinstance(tensor, torch.Tensor) and tensor.is_cpu and tensor.is_contiguous() and \
-            tensor.layout == torch.strided:
+    if isinstance(tensor, torch.Tensor) and tensor.layout == torch.strided and \
+            tensor.is_contiguous() and (tensor.is_cpu or (tensor.is_cuda and _core_takes_cuda())):
         # The latency-bound hot path: no handle, enqueue and wait in one native call (the
         # engine then sends the op at once). Other tensors are staged by the general path.
         op = _reduce_op(op, average)
@@ -274,7 +297,7 @@ def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
         try:
             _ops.allreduce_now(_auto_name("allreduce", name, ps), _dtype_code(tensor),
                                tensor.shape, ptr, ptr, op, float(prescale_factor),
-                               float(postscale_factor), ps, tensor)
+                               float(postscale_factor), ps, tensor, _place(tensor))
         except ValueError as e:
             raise as_collective_error(e) from None
         return tensor
@@ -348,7 +371,7 @@ def _gather_like(kind, op_kind, tensors, name, process_set, grouped, reduce_op=S
         records.append(_ops.make_op(op_kind, op_name, _dtype_code(host), host.shape, _ptr(host),
                                     None, reduce_op=reduce_op, prescale=float(prescale),
                                     postscale=float(postscale), process_set=ps, group=group,
-                                    group_size=n if grouped else 0))
+                                    group_size=n if grouped else 0, place=_place(host)))
         hosts.append(host)
     ids = _enqueue(records) if records else []
 
@@ -356,7 +379,8 @@ def _gather_like(kind, op_kind, tensors, name, process_set, grouped, reduce_op=S
         results, error = [], None
         for hid, host, t in zip(ids, hosts, tensors):
             try:  # collect (and release) every part even when one failed
-                out, _ = wait_output_into(hid, _allocate(host.dtype))
+                out, _ = wait_output_into(hid, _allocate(host.dtype, host.device),
+                                          stream=_output_stream(host))
                 results.append(_on(out, t.device))
             except Exception as e:  # noqa: BLE001 - re-raised below
                 error = error or e
@@ -387,7 +411,7 @@ def _broadcast_handle(tensor, root_rank, name, process_set, inplace):
     ps = process_set_id(process_set)
     h = _enqueue_one(OP_BROADCAST, _auto_name("broadcast", name, ps), _dtype_code(host),
                      host.shape, _ptr(host), _ptr(out), root_rank=int(root_rank),
-                     process_set=ps)
+                     process_set=ps, place=_place(host))
 
     def finish(ids):
         _ops.wait_all(ids)
@@ -406,7 +430,7 @@ def _broadcast_many_(tensors, root_rank, names, process_set):
     def record(i, host, out):
         return _ops.make_op(OP_BROADCAST, _auto_name("broadcast", names[i], ps),
                             _dtype_code(host), host.shape, _ptr(host), _ptr(out),
-                            root_rank=int(root_rank), process_set=ps)
+                            root_rank=int(root_rank), process_set=ps, place=_place(host))
     return _staged_batch(tensors, True, record)
 
 
@@ -445,11 +469,12 @@ def alltoall_async(tensor, splits=None, name=None, process_set=global_process_se
     ps = process_set_id(process_set)
     h = _enqueue_one(OP_ALLTOALL, _auto_name("alltoall", name, ps), _dtype_code(host),
                      host.shape, _ptr(host), None, process_set=ps,
-                     splits=_splits_tuple(splits))
+                     splits=_splits_tuple(splits), place=_place(host))
     want = basics.size()
 
     def finish(ids):
-        out, received = wait_output_into(ids[0], _allocate(host.dtype), want_ints=want)
+        out, received = wait_output_into(ids[0], _allocate(host.dtype, host.device),
+                                         want_ints=want, stream=_output_stream(host))
         return _on(out, tensor.device), torch.tensor(received, dtype=torch.int32)
     return _ops.Handle([h], finish, keepalive=host)
 

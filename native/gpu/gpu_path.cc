@@ -1,0 +1,644 @@
+#include "gpu_path.h"
+
+#include <unistd.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <stdexcept>
+
+#include "../algorithms/reduce_kernels.h"
+#include "../common/logging.h"
+#include "../engine/engine.h"
+#include "../include/spark_hvd.h"
+
+namespace shvd {
+namespace gpu {
+
+namespace {
+
+// Keeps the calling thread's current device: the user's threads must find theirs unchanged.
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int device) {
+    check_cuda(cuda().GetDevice(&previous_), "cudaGetDevice");
+    if (previous_ != device) check_cuda(cuda().SetDevice(device), "cudaSetDevice");
+  }
+  ~DeviceGuard() {
+    int now = -1;
+    if (cuda().GetDevice(&now) == cudaSuccess && now != previous_) cuda().SetDevice(previous_);
+  }
+
+ private:
+  int previous_ = 0;
+};
+
+// Events are reused: creating one costs microseconds, and an op needs two.
+std::mutex g_events_mu;
+std::map<int, std::vector<cudaEvent_t>> g_free_events;
+
+cudaEvent_t acquire_event(int device) {
+  {
+    std::lock_guard<std::mutex> lock(g_events_mu);
+    auto& pool = g_free_events[device];
+    if (!pool.empty()) {
+      cudaEvent_t ev = pool.back();
+      pool.pop_back();
+      return ev;
+    }
+  }
+  cudaEvent_t ev = nullptr;
+  check_cuda(cuda().EventCreateWithFlags(&ev, cudaEventDisableTiming), "cudaEventCreate");
+  return ev;
+}
+
+void release_event(int device, cudaEvent_t ev) {
+  if (!ev) return;
+  std::lock_guard<std::mutex> lock(g_events_mu);
+  g_free_events[device].push_back(ev);
+}
+
+size_t elements(const std::vector<int64_t>& shape, size_t from = 0) {
+  size_t n = 1;
+  for (size_t i = from; i < shape.size(); ++i) n *= size_t(shape[i]);
+  return n;
+}
+
+// NCCL's type for a reduction of `t`; -1 where NCCL has none (16-bit integers).
+int nccl_type(DataType t) {
+  switch (t) {
+    case DataType::kUInt8: return ncclUint8;
+    case DataType::kBool: return ncclUint8;
+    case DataType::kInt8: return ncclInt8;
+    case DataType::kInt32: return ncclInt32;
+    case DataType::kInt64: return ncclInt64;
+    case DataType::kFloat16: return ncclFloat16;
+    case DataType::kBFloat16: return ncclBfloat16;
+    case DataType::kFloat32: return ncclFloat32;
+    case DataType::kFloat64: return ncclFloat64;
+    default: return -1;
+  }
+}
+
+bool is_float(DataType t) {
+  return t == DataType::kFloat16 || t == DataType::kBFloat16 || t == DataType::kFloat32 ||
+         t == DataType::kFloat64;
+}
+
+// The one factor a Sum/Average reduction multiplies by: prescale, postscale and 1/n together
+// (NCCL applies it to each input, which equals scaling the sum).
+double combined_factor(const Response& r, int set_size) {
+  double f = r.prescale * r.postscale;
+  if (r.reduce_op == ReduceOp::kAverage) f /= set_size;
+  return f;
+}
+
+uint16_t float_to_bfloat16(float f) {
+  uint32_t bits;
+  std::memcpy(&bits, &f, 4);
+  bits += 0x7FFF + ((bits >> 16) & 1);  // round to nearest even
+  return uint16_t(bits >> 16);
+}
+
+// A result the core allocated on `device`: `rows` rows of `shape`'s trailing dimensions.
+void set_device_result(HandleState& st, const std::vector<int64_t>& shape, int64_t rows,
+                       void* out, size_t bytes, int device) {
+  st.output_shape = shape;
+  st.output_shape[0] = rows;
+  st.device_output = out;
+  st.device_output_bytes = bytes;
+  st.output_device = device;
+}
+
+// The reduction for response `r` on `comm`; `*created` when it was made for this call only
+// (PreMulSum, destroyed once enqueued).
+ncclRedOp_t reduction(const Response& r, int set_size, ncclComm_t comm, bool* created) {
+  *created = false;
+  const bool boolean = r.dtype == DataType::kBool;
+  switch (r.reduce_op) {
+    case ReduceOp::kMin: return ncclMin;
+    case ReduceOp::kMax: return ncclMax;
+    case ReduceOp::kProduct: return boolean ? ncclMin : ncclProd;
+    default: break;
+  }
+  const double f = combined_factor(r, set_size);
+  if (f == 1.0) return boolean ? ncclMax : ncclSum;
+  if (r.reduce_op == ReduceOp::kAverage && r.prescale == 1.0 && r.postscale == 1.0 &&
+      !is_float(r.dtype))
+    return ncclAvg;
+  // A float type with a factor (nccl_can_run checked PreMulSum exists).
+  alignas(8) unsigned char scalar[8];
+  switch (r.dtype) {
+    case DataType::kFloat64: { double v = f; std::memcpy(scalar, &v, 8); break; }
+    case DataType::kFloat32: { float v = float(f); std::memcpy(scalar, &v, 4); break; }
+    case DataType::kFloat16: { uint16_t v = float_to_half(float(f)); std::memcpy(scalar, &v, 2); break; }
+    default: { uint16_t v = float_to_bfloat16(float(f)); std::memcpy(scalar, &v, 2); break; }
+  }
+  ncclRedOp_t op = ncclSum;
+  check_nccl(nccl().RedOpCreatePreMulSum(&op, scalar, nccl_type(r.dtype),
+                                         ncclScalarHostImmediate, comm),
+             "ncclRedOpCreatePreMulSum");
+  *created = true;
+  return op;
+}
+
+// Identifies this process's GPU across the job: machine and PCI bus (what NCCL compares).
+std::string device_identity(int device) {
+  char bus[64] = {0};
+  check_cuda(cuda().DeviceGetPCIBusId(bus, sizeof bus, device), "cudaDeviceGetPCIBusId");
+  char host[256] = {0};
+  gethostname(host, sizeof host - 1);
+  std::string boot;
+  std::ifstream("/proc/sys/kernel/random/boot_id") >> boot;
+  return std::string(host) + "/" + boot + "/" + bus;
+}
+
+}  // namespace
+
+Counters& counters() {
+  static Counters c;
+  return c;
+}
+
+void record_ready(TensorPlace& place) {
+  if (status() < 1 && load(nullptr, nullptr) < 1)
+    throw std::runtime_error("a CUDA tensor was given, but the core has no CUDA runtime: " +
+                             load_report());
+  try {
+    DeviceGuard guard(place.device);
+    place.ready = acquire_event(place.device);
+    check_cuda(cuda().EventRecord(place.ready, place.stream), "cudaEventRecord");
+  } catch (const std::runtime_error& e) {
+    throw std::runtime_error("a tensor on CUDA device " + std::to_string(place.device) +
+                             " cannot be used: " + e.what());
+  }
+}
+
+void forget_ready(TensorPlace& place) {
+  release_event(place.device, place.ready);
+  place.ready = nullptr;
+}
+
+void copy_device_output(int device, void* src, size_t bytes, void* dst, cudaStream_t stream) {
+  DeviceGuard guard(device);
+  if (bytes)
+    check_cuda(cuda().MemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream),
+               "cudaMemcpyAsync");
+  check_cuda(cuda().FreeAsync(src, stream), "cudaFreeAsync");
+}
+
+void free_device_output(int device, void* src) {
+  DeviceGuard guard(device);
+  cuda().Free(src);
+}
+
+GpuPath::GpuPath(Host& host, int global_rank, const std::string& job_id, SharedGpu shared)
+    : host_(host), global_rank_(global_rank), job_id_(job_id), shared_(shared) {
+  finalizer_ = std::thread([this] { finalizer_loop(); });
+}
+
+GpuPath::~GpuPath() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  finalizer_.join();
+  for (auto& [key, sc] : comms_)
+    if (sc.comm) aborted_ ? nccl().CommAbort(sc.comm) : nccl().CommDestroy(sc.comm);
+  for (auto& [index, d] : devices_) {
+    cuda().SetDevice(index);
+    if (d.fusion) cuda().Free(d.fusion);
+    if (d.stream) cuda().StreamDestroy(d.stream);
+  }
+}
+
+GpuPath::Device& GpuPath::device(int index) {
+  auto it = devices_.find(index);
+  if (it != devices_.end()) return it->second;
+  Device d;
+  d.index = index;
+  check_cuda(cuda().SetDevice(index), "cudaSetDevice");
+  check_cuda(cuda().StreamCreateWithFlags(&d.stream, cudaStreamNonBlocking), "cudaStreamCreate");
+  return devices_.emplace(index, d).first->second;
+}
+
+void* GpuPath::fusion_buffer(Device& d, size_t bytes) {
+  if (bytes > d.fusion_bytes) {
+    if (d.fusion) {
+      check_cuda(cuda().StreamSynchronize(d.stream), "cudaStreamSynchronize");
+      cuda().Free(d.fusion);
+      d.fusion = nullptr;
+      d.fusion_bytes = 0;
+    }
+    const size_t want = std::max(bytes, size_t(1) << 20);
+    check_cuda(cuda().Malloc(&d.fusion, want), "cudaMalloc (GPU fusion buffer)");
+    d.fusion_bytes = want;
+  }
+  return d.fusion;
+}
+
+GpuPath::SetComm& GpuPath::set_comm(int set_id, const Communicator& comm, int device_index) {
+  const auto key = std::make_pair(set_id, device_index);
+  auto it = comms_.find(key);
+  if (it != comms_.end()) return it->second;
+  SetComm sc;
+  sc.size = comm.size;
+  sc.rank = comm.rank;
+  // Every member learns every member's GPU, so all decide alike whether NCCL can have them.
+  constexpr size_t kId = 256;
+  std::vector<char> mine(kId, 0), all(kId * comm.size, 0);
+  const std::string id = device_identity(device_index);
+  std::memcpy(mine.data(), id.data(), std::min(id.size(), kId - 1));
+  host_.host_allgather(comm, mine.data(), kId, all.data());
+  int shared_a = -1, shared_b = -1;
+  for (int a = 0; a < comm.size && shared_a < 0; ++a)
+    for (int b = a + 1; b < comm.size; ++b)
+      if (std::strncmp(&all[a * kId], &all[b * kId], kId) == 0) {
+        shared_a = a;
+        shared_b = b;
+        break;
+      }
+  const bool usable = status() == 2;
+  if (!usable || (shared_a >= 0 && shared_ == SharedGpu::kHost)) {
+    sc.staged = true;
+    if (comm.rank == 0 && shared_a >= 0 && usable)
+      log_message(LogLevel::kWarning,
+                  "ranks %d and %d (process set %d) share one GPU (%s), which NCCL refuses: "
+                  "CUDA collectives of this set run through host memory, slower. Give each "
+                  "rank its own GPU (torch.cuda.set_device(hvd.local_rank())), or set "
+                  "SPARK_HVD_SHARED_GPU=nccl to run them through NCCL's network transport.",
+                  comm.global_ranks[shared_a], comm.global_ranks[shared_b], set_id,
+                  &all[shared_a * kId]);
+    return comms_.emplace(key, sc).first->second;
+  }
+  if (shared_a >= 0) {
+    // NCCL tells hosts apart by NCCL_HOSTID: one per rank makes ranks on one GPU look like
+    // separate machines, which NCCL connects through its network transport (sockets).
+    static std::once_flag once;
+    std::call_once(once, [this] {
+      const std::string host_id = job_id_ + "-rank" + std::to_string(global_rank_);
+      setenv("NCCL_HOSTID", host_id.c_str(), 1);
+      setenv("NCCL_SOCKET_IFNAME", "lo", 0);
+    });
+  }
+  ncclUniqueId uid{};
+  if (comm.rank == 0) check_nccl(nccl().GetUniqueId(&uid), "ncclGetUniqueId");
+  host_.host_broadcast(comm, &uid, sizeof uid, 0);
+  check_cuda(cuda().SetDevice(device_index), "cudaSetDevice");
+  check_nccl(nccl().CommInitRank(&sc.comm, comm.size, uid, comm.rank), "ncclCommInitRank");
+  return comms_.emplace(key, sc).first->second;
+}
+
+void GpuPath::forget_set(int set_id) {
+  for (auto it = comms_.begin(); it != comms_.end();) {
+    if (it->first.first != set_id) {
+      ++it;
+      continue;
+    }
+    if (it->second.comm) {
+      for (auto& [index, d] : devices_) cuda().StreamSynchronize(d.stream);
+      nccl().CommDestroy(it->second.comm);
+    }
+    it = comms_.erase(it);
+  }
+}
+
+bool GpuPath::nccl_can_run(const Response& r, const Communicator& comm) const {
+  if (r.op != OpType::kAllreduce && r.op != OpType::kReducescatter) return true;  // bytes
+  if (nccl_type(r.dtype) < 0) return false;
+  switch (r.reduce_op) {
+    case ReduceOp::kSum:
+    case ReduceOp::kAverage: {
+      const double f = combined_factor(r, comm.size);
+      if (f == 1.0) return true;
+      if (r.reduce_op == ReduceOp::kAverage && r.prescale == 1.0 && r.postscale == 1.0)
+        return is_float(r.dtype) ? nccl().RedOpCreatePreMulSum != nullptr
+                                 : nccl().version >= 21000;
+      return is_float(r.dtype) && nccl().RedOpCreatePreMulSum != nullptr;
+    }
+    case ReduceOp::kMin:
+    case ReduceOp::kMax:
+    case ReduceOp::kProduct:
+      return r.prescale == 1.0 && r.postscale == 1.0;
+    default:
+      return false;
+  }
+}
+
+void GpuPath::execute(const Response& r, std::vector<Entry*>& entries, const Communicator& comm,
+                      int set_id, Timeline& timeline) {
+  int index = last_device_;
+  for (Entry* e : entries)
+    if (e) {
+      index = e->gpu.device;
+      break;
+    }
+  if (index < 0) check_cuda(cuda().GetDevice(&index), "cudaGetDevice");
+  last_device_ = index;
+  const char* path = "NCCL";
+  try {
+    Device& d = device(index);
+    for (Entry* e : entries)
+      if (e) {
+        check_cuda(cuda().StreamWaitEvent(d.stream, e->gpu.ready, 0), "cudaStreamWaitEvent");
+        forget_ready(e->gpu);  // the wait took the event's state; it may be recorded again
+      }
+    SetComm& sc = set_comm(set_id, comm, index);
+    const bool staged = sc.staged || !nccl_can_run(r, comm);
+    path = staged ? "CUDA_HOST_STAGED" : "NCCL";
+    if (timeline.active())
+      for (const auto& n : r.names) timeline.begin(n, path);
+    if (staged) {
+      run_staged(r, entries, comm, d);
+    } else {
+      run_nccl(r, entries, sc, d);
+      finish_async(d, entries);
+    }
+  } catch (const std::exception& ex) {
+    for (Entry* e : entries)
+      if (e) host_.complete_entry(*e, SHVD_ERR_INTERNAL,
+                                  std::string(op_type_name(r.op)) + " of CUDA tensor '" +
+                                      e->request.name + "': " + ex.what());
+    host_.wake_waiters();
+  }
+  if (timeline.active())
+    for (const auto& n : r.names) timeline.end(n, path);
+}
+
+void GpuPath::run_nccl(const Response& r, std::vector<Entry*>& entries, const SetComm& sc,
+                       Device& d) {
+  const NcclApi& n = nccl();
+  const CudaApi& c = cuda();
+  cudaStream_t s = d.stream;
+  const size_t esize = dtype_size(r.dtype);
+  const int me = sc.rank, size = sc.size;
+  counters().nccl_collectives++;
+  switch (r.op) {
+    case OpType::kAllreduce: {
+      std::vector<size_t> counts;
+      size_t total = 0;
+      for (const auto& shape : r.shapes) total += counts.emplace_back(elements(shape));
+      bool created = false;
+      const ncclRedOp_t op = reduction(r, size, sc.comm, &created);
+      if (entries.size() == 1 && entries[0]) {
+        check_nccl(n.AllReduce(entries[0]->input, entries[0]->output, total, nccl_type(r.dtype),
+                               op, sc.comm, s), "ncclAllReduce");
+      } else {
+        auto* buf = static_cast<uint8_t*>(fusion_buffer(d, total * esize));
+        size_t off = 0;
+        for (size_t i = 0; i < entries.size(); ++i) {
+          const size_t bytes = counts[i] * esize;
+          if (entries[i])
+            check_cuda(c.MemcpyAsync(buf + off, entries[i]->input, bytes,
+                                     cudaMemcpyDeviceToDevice, s), "cudaMemcpyAsync");
+          else
+            check_cuda(c.MemsetAsync(buf + off, 0, bytes, s), "cudaMemsetAsync");
+          off += bytes;
+        }
+        check_nccl(n.AllReduce(buf, buf, total, nccl_type(r.dtype), op, sc.comm, s),
+                   "ncclAllReduce");
+        off = 0;
+        for (size_t i = 0; i < entries.size(); ++i) {
+          const size_t bytes = counts[i] * esize;
+          if (entries[i])
+            check_cuda(c.MemcpyAsync(entries[i]->output, buf + off, bytes,
+                                     cudaMemcpyDeviceToDevice, s), "cudaMemcpyAsync");
+          off += bytes;
+        }
+      }
+      if (created) n.RedOpDestroy(op, sc.comm);
+      return;
+    }
+    case OpType::kBroadcast: {
+      Entry& e = *entries[0];
+      const size_t bytes = elements(e.request.shape) * esize;
+      check_nccl(n.Broadcast(e.input, e.output, bytes, ncclUint8, r.root, sc.comm, s),
+                 "ncclBroadcast");
+      return;
+    }
+    case OpType::kAllgather: {
+      Entry& e = *entries[0];
+      const size_t row_bytes = elements(e.request.shape, 1) * esize;
+      std::vector<size_t> bytes(size);
+      size_t total = 0;
+      bool even = true;
+      for (int i = 0; i < size; ++i) {
+        bytes[i] = size_t(r.first_dims[i]) * row_bytes;
+        total += bytes[i];
+        even = even && bytes[i] == bytes[0];
+      }
+      void* out = nullptr;
+      check_cuda(c.MallocAsync(&out, std::max<size_t>(total, 1), s), "cudaMallocAsync");
+      auto* o = static_cast<uint8_t*>(out);
+      if (even) {
+        check_nccl(n.AllGather(e.input, o, bytes[0], ncclUint8, sc.comm, s), "ncclAllGather");
+      } else {  // ragged: every member broadcasts its block into place
+        check_nccl(n.GroupStart(), "ncclGroupStart");
+        size_t off = 0;
+        for (int i = 0; i < size; ++i) {
+          if (bytes[i])
+            n.Broadcast(e.input, o + off, bytes[i], ncclUint8, i, sc.comm, s);
+          off += bytes[i];
+        }
+        check_nccl(n.GroupEnd(), "ncclGroupEnd (allgather)");
+      }
+      int64_t rows = 0;
+      for (int64_t v : r.first_dims) rows += v;
+      set_device_result(*e.state, e.request.shape, rows, out, total, d.index);
+      return;
+    }
+    case OpType::kAlltoall: {
+      Entry& e = *entries[0];
+      const size_t row_bytes = elements(e.request.shape, 1) * esize;
+      std::vector<size_t> send(size), recv(size);
+      size_t total = 0;
+      HandleState& st = *e.state;
+      st.ints.assign(size, 0);
+      for (int i = 0; i < size; ++i) {
+        send[i] = size_t(r.splits_matrix[size_t(me) * size + i]) * row_bytes;
+        const int64_t got = r.splits_matrix[size_t(i) * size + me];
+        recv[i] = size_t(got) * row_bytes;
+        st.ints[i] = got;
+        total += recv[i];
+      }
+      void* out = nullptr;
+      check_cuda(c.MallocAsync(&out, std::max<size_t>(total, 1), s), "cudaMallocAsync");
+      const auto* in = static_cast<const uint8_t*>(e.input);
+      auto* o = static_cast<uint8_t*>(out);
+      check_nccl(n.GroupStart(), "ncclGroupStart");
+      size_t soff = 0, roff = 0;
+      for (int i = 0; i < size; ++i) {
+        if (i == me) {
+          if (send[i]) c.MemcpyAsync(o + roff, in + soff, send[i], cudaMemcpyDeviceToDevice, s);
+        } else {
+          if (send[i]) n.Send(in + soff, send[i], ncclUint8, i, sc.comm, s);
+          if (recv[i]) n.Recv(o + roff, recv[i], ncclUint8, i, sc.comm, s);
+        }
+        soff += send[i];
+        roff += recv[i];
+      }
+      check_nccl(n.GroupEnd(), "ncclGroupEnd (alltoall)");
+      int64_t rows = 0;
+      for (int i = 0; i < size; ++i) rows += r.splits_matrix[size_t(i) * size + me];
+      set_device_result(st, e.request.shape, rows, out, total, d.index);
+      return;
+    }
+    case OpType::kReducescatter: {
+      Entry& e = *entries[0];
+      const auto& shape = e.request.shape;
+      const int64_t rows = shape[0];
+      const size_t row_elems = elements(shape, 1);
+      std::vector<size_t> counts(size);
+      bool even = true;
+      for (int i = 0; i < size; ++i) {
+        counts[i] = size_t(rows / size + (i < rows % size ? 1 : 0)) * row_elems;
+        even = even && counts[i] == counts[0];
+      }
+      void* out = nullptr;
+      check_cuda(c.MallocAsync(&out, std::max<size_t>(counts[me] * esize, 1), s),
+                 "cudaMallocAsync");
+      bool created = false;
+      const ncclRedOp_t op = reduction(r, size, sc.comm, &created);
+      const int type = nccl_type(r.dtype);
+      if (even) {
+        check_nccl(n.ReduceScatter(e.input, out, counts[0], type, op, sc.comm, s),
+                   "ncclReduceScatter");
+      } else {  // uneven blocks: one reduce to each member
+        const auto* in = static_cast<const uint8_t*>(e.input);
+        check_nccl(n.GroupStart(), "ncclGroupStart");
+        size_t off = 0;
+        for (int i = 0; i < size; ++i) {
+          if (counts[i]) n.Reduce(in + off * esize, out, counts[i], type, op, i, sc.comm, s);
+          off += counts[i];
+        }
+        check_nccl(n.GroupEnd(), "ncclGroupEnd (reducescatter)");
+      }
+      if (created) n.RedOpDestroy(op, sc.comm);
+      set_device_result(*e.state, shape, rows / size + (me < rows % size ? 1 : 0), out,
+                        counts[me] * esize, d.index);
+      return;
+    }
+    default:
+      return;
+  }
+}
+
+void GpuPath::run_staged(const Response& r, std::vector<Entry*>& entries,
+                         const Communicator& comm, Device& d) {
+  const CudaApi& c = cuda();
+  const size_t esize = dtype_size(r.dtype);
+  // Host twins of the entries: the same requests and handles, host buffers.
+  std::vector<Entry> twins(entries.size());
+  std::vector<Entry*> twin_ptrs(entries.size(), nullptr);
+  std::vector<std::vector<uint8_t>> in(entries.size()), out(entries.size());
+  int64_t staged = 0;
+  for (size_t i = 0; i < entries.size(); ++i) {
+    Entry* e = entries[i];
+    if (!e) continue;
+    const size_t bytes = elements(e->request.shape) * esize;
+    in[i].resize(std::max<size_t>(bytes, 1));
+    out[i].resize(std::max<size_t>(bytes, 1));
+    if (bytes)
+      check_cuda(c.MemcpyAsync(in[i].data(), e->input, bytes, cudaMemcpyDeviceToHost, d.stream),
+                 "cudaMemcpyAsync (to host)");
+    staged += int64_t(bytes);
+    twins[i].request = e->request;
+    twins[i].input = in[i].data();
+    twins[i].output = out[i].data();
+    twins[i].state = e->state;
+    twin_ptrs[i] = &twins[i];
+  }
+  check_cuda(c.StreamSynchronize(d.stream), "cudaStreamSynchronize");
+  host_.run_on_host(r, twin_ptrs, comm);
+  for (size_t i = 0; i < entries.size(); ++i) {
+    Entry* e = entries[i];
+    if (!e) continue;
+    HandleState& st = *e->state;
+    if (r.op == OpType::kAllreduce || r.op == OpType::kBroadcast) {
+      const size_t bytes = elements(e->request.shape) * esize;
+      if (bytes)
+        check_cuda(c.MemcpyAsync(e->output, out[i].data(), bytes, cudaMemcpyHostToDevice,
+                                 d.stream), "cudaMemcpyAsync (to device)");
+      staged += int64_t(bytes);
+    } else if (!st.error_kind) {
+      void* dev = nullptr;
+      const size_t bytes = st.output.size();
+      check_cuda(c.MallocAsync(&dev, std::max<size_t>(bytes, 1), d.stream), "cudaMallocAsync");
+      if (bytes)
+        check_cuda(c.MemcpyAsync(dev, st.output.data(), bytes, cudaMemcpyHostToDevice,
+                                 d.stream), "cudaMemcpyAsync (to device)");
+      staged += int64_t(bytes);
+      set_device_result(st, st.output_shape, st.output_shape.empty() ? 0 : st.output_shape[0],
+                        dev, bytes, d.index);
+    }
+  }
+  check_cuda(c.StreamSynchronize(d.stream), "cudaStreamSynchronize");
+  for (Entry* e : entries)
+    if (e) e->state->output = std::vector<uint8_t>();
+  counters().host_staged_bytes += staged;
+  for (Entry* e : entries)
+    if (e) host_.complete_entry(*e, e->state->error_kind, e->state->error);
+  host_.wake_waiters();
+}
+
+void GpuPath::finish_async(Device& d, std::vector<Entry*>& entries) {
+  Job job;
+  job.device = d.index;
+  job.done = acquire_event(d.index);
+  check_cuda(cuda().EventRecord(job.done, d.stream), "cudaEventRecord");
+  for (Entry* e : entries)
+    if (e) job.entries.push_back(std::move(*e));
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    jobs_.push_back(std::move(job));
+  }
+  cv_.notify_one();
+}
+
+void GpuPath::abort(const std::string& why) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    abort_reason_ = why;
+  }
+  aborted_ = true;
+  cv_.notify_all();
+}
+
+void GpuPath::finalizer_loop() {
+  for (;;) {
+    Job job;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [this] { return stopping_ || !jobs_.empty(); });
+      if (jobs_.empty()) return;
+      job = std::move(jobs_.front());
+      jobs_.pop_front();
+    }
+    // Poll rather than block in cudaEventSynchronize: an aborted job must not wait forever
+    // for kernels that wait for a peer that is gone.
+    cudaError_t err = cudaErrorNotReady;
+    for (int spins = 0;; ++spins) {
+      err = cuda().EventQuery(job.done);
+      if (err != cudaErrorNotReady || aborted_) break;
+      if (spins > 2000) usleep(20);
+    }
+    std::string error;
+    int kind = 0;
+    if (err != cudaSuccess && err != cudaErrorNotReady) {
+      kind = SHVD_ERR_INTERNAL;
+      error = std::string("CUDA error ") + std::to_string(err) + " (" +
+              cuda().GetErrorString(err) + ") in a collective on CUDA tensors";
+    } else if (err == cudaErrorNotReady) {
+      std::lock_guard<std::mutex> lock(mu_);
+      kind = SHVD_ERR_INTERNAL;
+      error = abort_reason_;
+    }
+    if (err != cudaErrorNotReady) release_event(job.device, job.done);
+    for (Entry& e : job.entries) host_.complete_entry(e, kind, error);
+    host_.wake_waiters();
+  }
+}
+
+}  // namespace gpu
+}  // namespace shvd
