@@ -116,6 +116,7 @@ void Engine::shutdown() {
 }
 
 void Engine::complete(Entry& entry, int error_kind, const std::string& error) {
+  if (entry.gpu.ready) gpu::forget_ready(entry.gpu);  // an op that never reached the GPU path
   entry.state->error_kind = error_kind;
   entry.state->error = error;
   {

@@ -100,6 +100,17 @@ uint16_t float_to_bfloat16(float f) {
   return uint16_t(bits >> 16);
 }
 
+const char* nccl_phase(OpType op) {
+  switch (op) {
+    case OpType::kAllreduce: return "NCCL_ALLREDUCE";
+    case OpType::kAllgather: return "NCCL_ALLGATHER";
+    case OpType::kBroadcast: return "NCCL_BROADCAST";
+    case OpType::kAlltoall: return "NCCL_ALLTOALL";
+    case OpType::kReducescatter: return "NCCL_REDUCESCATTER";
+    default: return "NCCL";
+  }
+}
+
 // A result the core allocated on `device`: `rows` rows of `shape`'s trailing dimensions.
 void set_device_result(HandleState& st, const std::vector<int64_t>& shape, int64_t rows,
                        void* out, size_t bytes, int device) {
@@ -336,7 +347,7 @@ void GpuPath::execute(const Response& r, std::vector<Entry*>& entries, const Com
     }
   if (index < 0) check_cuda(cuda().GetDevice(&index), "cudaGetDevice");
   last_device_ = index;
-  const char* path = "NCCL";
+  const char* path = nullptr;  // the timeline's name for the path, once chosen
   try {
     Device& d = device(index);
     for (Entry* e : entries)
@@ -346,7 +357,7 @@ void GpuPath::execute(const Response& r, std::vector<Entry*>& entries, const Com
       }
     SetComm& sc = set_comm(set_id, comm, index);
     const bool staged = sc.staged || !nccl_can_run(r, comm);
-    path = staged ? "CUDA_HOST_STAGED" : "NCCL";
+    path = staged ? "CUDA_HOST_STAGED" : nccl_phase(r.op);
     if (timeline.active())
       for (const auto& n : r.names) timeline.begin(n, path);
     if (staged) {
@@ -362,7 +373,7 @@ void GpuPath::execute(const Response& r, std::vector<Entry*>& entries, const Com
                                       e->request.name + "': " + ex.what());
     host_.wake_waiters();
   }
-  if (timeline.active())
+  if (path && timeline.active())
     for (const auto& n : r.names) timeline.end(n, path);
 }
 

@@ -238,7 +238,6 @@ class HorovodVariable:
 
 _INSTALLER = ("an option of Horovod's installer (pip install horovod); spark_hvd builds with "
               "build.py")
-_NO_GPU = "GPU (CUDA, NCCL, NVTX) only; this build stages CUDA tensors through host memory"
 _NOT_MPI = "MPI is not a transport here (spark_hvd uses its own TCP/shared-memory transport)"
 _OUR_TRANSPORT = ("spark_hvd always uses its own TCP/shared-memory transport (Horovod's gloo "
                   "slot; gloo_enabled() is True); other controllers and CPU operations are not "
@@ -292,10 +291,14 @@ HOROVOD_VARIABLES = {
                                      "(the launcher's --prefix-timestamp adds one)"),
     "MPI_THREADS_DISABLE": HorovodVariable(NO_EFFECT, _NOT_MPI),
     "ADASUM_MPI_CHUNK_SIZE": HorovodVariable(NO_EFFECT, _NOT_MPI),
-    "NUM_NCCL_STREAMS": HorovodVariable(NO_EFFECT, _NO_GPU),
-    "BATCH_D2D_MEMCOPIES": HorovodVariable(NO_EFFECT, _NO_GPU),
-    "ENABLE_ASYNC_COMPLETION": HorovodVariable(NO_EFFECT, _NO_GPU),
-    "DISABLE_NVTX_RANGES": HorovodVariable(NO_EFFECT, _NO_GPU),
+    "NUM_NCCL_STREAMS": HorovodVariable(NO_EFFECT, "the core runs NCCL on one stream per device"),
+    "BATCH_D2D_MEMCOPIES": HorovodVariable(
+        NO_EFFECT, "fused CUDA tensors are copied into the GPU fusion buffer one "
+        "cudaMemcpyAsync each"),
+    "ENABLE_ASYNC_COMPLETION": HorovodVariable(
+        NO_EFFECT, "CUDA collectives always complete off the engine thread (a finalizer thread "
+        "waits for their event)"),
+    "DISABLE_NVTX_RANGES": HorovodVariable(NO_EFFECT, "spark_hvd emits no NVTX ranges"),
     "CCL_CACHE": HorovodVariable(NO_EFFECT, "oneCCL is not supported"),
     "SPARK_USE_LOCAL_RANK_GPU_INDEX": HorovodVariable(
         NO_EFFECT, "spark_hvd.spark.run always orders a task's CUDA_VISIBLE_DEVICES so that "

@@ -221,7 +221,7 @@ _CONFIG_KEYS = {
 # Keys of Horovod's file that spark_hvd has no use for, and why (the launcher says so).
 _CONFIG_UNSUPPORTED = {
     ("library_options", "mpi_threads_disable"): "MPI is not used as a transport",
-    ("library_options", "num_nccl_streams"): "there is no NCCL in this build",
+    ("library_options", "num_nccl_streams"): "the core runs NCCL on one stream per device",
     ("library_options", "thread_affinity"): "thread pinning is not implemented; use taskset",
     ("logging", "with_timestamp"): "log lines carry no time stamp (use --prefix-timestamp)",
 }
