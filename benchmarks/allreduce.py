@@ -4,6 +4,7 @@
     .venv/bin/python benchmarks/allreduce.py            # full run (4-6 minutes)
     .venv/bin/python benchmarks/allreduce.py --quick    # about a minute, fewer repetitions
     .venv/bin/python benchmarks/allreduce.py --systems spark_hvd,mpi --sizes 4B,16MiB
+    python3 benchmarks/allreduce.py --device cuda [--quick]   # CUDA tensors: vs torch NCCL
 
 Each system runs on its own (never two at once) as 2 processes on this host:
   spark_hvd  spark-hvd-run -np 2 ...; hvd.allreduce_(arr, op=hvd.Sum, name=...) on float32
@@ -20,6 +21,20 @@ Then the "gradient set": 200 tensors of 16 KiB per step, all submitted asynchron
 waited for (spark_hvd allreduce_async_ + synchronize, MPI Iallreduce + Waitall, gloo
 all_reduce(async_op=True) + wait; gloo one by one too); median step time.
 The end lists the targets of issue 2 as PASS/FAIL lines. See benchmarks/README.md.
+
+--device cuda: float32 CUDA tensors (rank r on GPU r % the visible GPUs), side by side:
+  spark_hvd  spark-hvd-run -np 2 ...; spark_hvd.torch's hvd.allreduce_(t, op=hvd.Sum, name=...)
+  nccl       2 subprocesses; torch.distributed.all_reduce with the NCCL backend
+  gloo       2 subprocesses; torch.distributed.all_reduce with gloo on the CUDA tensors
+When the ranks share a GPU (one GPU, 2 ranks) NCCL refuses duplicate GPUs within a host: torch's
+ranks then get NCCL_HOSTID=<job>-<rank> each and spark_hvd runs with SPARK_HVD_SHARED_GPU=nccl
+(the core gives each rank its own NCCL host identity), with NCCL_SOCKET_IFNAME=lo for both, so
+both use the same NCCL transport; the transport NCCL picked (NCCL_DEBUG=INFO, subsystems
+INIT,NET, unless NCCL_DEBUG is set) is printed per system. A timed repetition is --cuda-batch
+back-to-back ops (sizes up to 1 MiB; one op above) ended by torch.cuda.synchronize(), as
+nccl-tests times them; latency = elapsed / ops. Targets (issue 22): busbw >= 0.95x torch NCCL
+at >= 16 MiB, 4 B latency <= 1.5x torch NCCL, and no CUDA tensor copied through host memory
+(spark_hvd.common.gpu_counters()["host_staged_bytes"] stays 0).
 """
 
 import argparse
@@ -29,6 +44,7 @@ import json
 import os
 import platform
 import queue
+import re
 import shutil
 import signal
 import socket
@@ -45,7 +61,9 @@ NP = 2
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 DEFAULT_SIZES = [4, 64, KiB, 16 * KiB, 256 * KiB, MiB, 4 * MiB, 16 * MiB, 64 * MiB, 256 * MiB]
 SYSTEM_ORDER = ["spark_hvd", "spark_hvd_base", "gloo", "mpi"]
-LABEL = {"spark_hvd": "spark_hvd", "spark_hvd_base": "baseline", "gloo": "gloo", "mpi": "MPI"}
+CUDA_SYSTEM_ORDER = ["spark_hvd", "spark_hvd_base", "nccl", "gloo"]
+LABEL = {"spark_hvd": "spark_hvd", "spark_hvd_base": "baseline", "gloo": "gloo", "mpi": "MPI",
+         "nccl": "torch NCCL"}
 
 # Targets (issue 2, "Benchmark"): ratios measured in the same run.
 TARGET_BIG_BYTES = 16 * MiB      # at this size and above:
@@ -54,6 +72,9 @@ TARGET_BW_VS_MPI = 1.0           #   busbw >= 1x MPI's
 TARGET_SMALL_BYTES = 4           # at 4 B:
 TARGET_LAT_VS_GLOO = 0.35        #   latency <= 0.35x gloo's
 TARGET_GRAD_VS_MPI = 1.5         # gradient-set step <= 1.5x MPI Iallreduce+Waitall
+# Targets with --device cuda (issue 22, point 6): against torch.distributed's NCCL.
+TARGET_CUDA_BW_VS_NCCL = 0.95    #   busbw >= 0.95x torch NCCL's at >= TARGET_BIG_BYTES
+TARGET_CUDA_LAT_VS_NCCL = 1.5    #   latency <= 1.5x torch NCCL's at TARGET_SMALL_BYTES
 
 
 # ---------------------------------------------------------------------------------------------
@@ -106,8 +127,12 @@ def build_plan(args):
         steps = args.grad_steps or (10 if args.quick else 50)
         grad = {"tensors": args.grad_tensors, "elems": args.grad_bytes // 4,
                 "warmup": 3 if args.quick else 10, "steps": steps,
-                "sync_steps": 0 if args.no_gloo_sync else (3 if args.quick else 10)}
-    return {"sizes": sizes, "grad": grad, "idle_s": args.idle_cpu}
+                "sync_steps": 0 if args.no_gloo_sync or args.device == "cuda"
+                else (3 if args.quick else 10)}
+    plan = {"sizes": sizes, "grad": grad, "idle_s": args.idle_cpu}
+    if args.device == "cuda":
+        plan["cuda_batch"] = args.cuda_batch
+    return plan
 
 
 # ---------------------------------------------------------------------------------------------
@@ -132,6 +157,8 @@ def commands_for(system, plan_json, args):
     env = dict(os.environ)
     env.setdefault("PYTHONUNBUFFERED", "1")
     worker = [sys.executable, WORKER, "--system", system, "--plan", plan_json]
+    if args.device == "cuda":
+        return cuda_commands_for(system, worker, env, args)
     if system == "spark_hvd":
         return [find_launcher() + ["-np", str(NP)] + args.hvd_args + worker], env, None
     if system == "spark_hvd_base":
@@ -171,6 +198,60 @@ def commands_for(system, plan_json, args):
             cmd.append("--allow-run-as-root")
         return [cmd + args.mpirun_args + worker], env, None
     raise ValueError(system)
+
+
+def cuda_commands_for(system, worker, env, args):
+    """commands_for with --device cuda."""
+    worker = worker + ["--device", "cuda"]
+    shared = args.gpu["count"] < NP
+    if "NCCL_DEBUG" not in env:  # which transport NCCL picked, for the report
+        env.update(NCCL_DEBUG="INFO", NCCL_DEBUG_SUBSYS="INIT,NET")
+    if shared:
+        env.setdefault("NCCL_SOCKET_IFNAME", "lo")
+    if system in ("spark_hvd", "spark_hvd_base"):
+        if shared:
+            env["SPARK_HVD_SHARED_GPU"] = "nccl"
+        launcher = find_launcher()
+        if system == "spark_hvd_base":
+            if not args.baseline:
+                return None, env, "no --baseline checkout given"
+            env["PYTHONPATH"] = args.baseline
+            worker[worker.index("--system") + 1] = "spark_hvd"
+            launcher = [sys.executable, "-m", "spark_hvd.runner"]
+        return [launcher + ["-np", str(NP)] + args.hvd_args + worker], env, None
+    if system in ("nccl", "gloo"):
+        if system == "gloo" and "GLOO_SOCKET_IFNAME" not in env and \
+                os.path.exists("/sys/class/net/lo"):
+            env["GLOO_SOCKET_IFNAME"] = "lo"
+        port = str(free_port())
+        extra = ["--nccl-hostid", f"bench{os.getpid()}-{port}"] \
+            if system == "nccl" and shared else []
+        return [worker + ["--rank", str(r), "--size", str(NP), "--port", port] + extra
+                for r in range(NP)], env, None
+    return None, env, "not measured with --device cuda"
+
+
+def probe_gpus():
+    """{"count": visible CUDA devices, "name": the first one's name, "error": ...}, asked of a
+    child process (this one never initialises CUDA)."""
+    if os.environ.get("BENCH_CUDA_DRY_RUN_ON_CPU") == "1":  # see _helpers/allreduce_worker.py
+        return {"count": 1, "name": "(dry run on the CPU)", "torch": None, "cuda": None}
+    code = ("import json, torch; n = torch.cuda.device_count(); "
+            "print(json.dumps({'count': n, 'name': torch.cuda.get_device_name(0) if n else None,"
+            " 'torch': torch.__version__, 'cuda': torch.version.cuda}))")
+    try:
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                             timeout=120)
+        info = json.loads(out.stdout.strip().splitlines()[-1])
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError) as e:
+        return {"count": 0, "name": None, "error": f"{type(e).__name__}: {e}"}
+    if not info["count"]:
+        info["error"] = "torch.cuda.device_count() is 0"
+    return info
+
+
+_NCCL_VIA = re.compile(r"NCCL INFO .*\bvia (\S+)")
+_NCCL_NET = re.compile(r"NCCL INFO .*Using network (\S+)")
 
 
 class Job:
@@ -241,7 +322,12 @@ def run_system(system, plan, args):
             job.open_streams -= 1
         elif line:
             k = line.find(MARK)
-            if k < 0:
+            if k < 0 and "NCCL INFO" in line:  # transport lines (--device cuda), not output
+                m = _NCCL_VIA.search(line) or _NCCL_NET.search(line)
+                if m:
+                    result.setdefault("nccl_transport", set()).add(
+                        ("via " if m.re is _NCCL_VIA else "network ") + m.group(1))
+            elif k < 0:
                 tail.append(line if len(job.procs) == 1 else f"[proc {i}] {line}")
             while k >= 0:
                 try:
@@ -323,6 +409,8 @@ def handle_record(result, rec):
         result.setdefault("idle", []).append(rec["cpu_s"] / rec["seconds"])
         log(f"[{system}] idle rank {rank}: {rec['cpu_s'] / rec['seconds'] * 100:.2f} % of a core "
             f"over {rec['seconds']:g} s")
+    elif kind == "final":
+        result.setdefault("final", {})[rank] = rec
     elif kind == "error":
         result["errors"].append(f"rank {rank}: {rec.get('error')}")
         tb = rec.get("traceback")
@@ -339,10 +427,13 @@ def merge_rounds(runs):
               "skipped": runs[0].get("skipped"), "wall_s": sum(r["wall_s"] or 0 for r in runs),
               "rounds": len(runs), "round_medians": {"sizes": {}, "grad": {}},
               "load": [x for r in runs for x in r.get("load", []) if x is not None],
-              "idle": [x for r in runs for x in r.get("idle", [])]}
+              "idle": [x for r in runs for x in r.get("idle", [])],
+              "nccl_transport": sorted({t for r in runs for t in r.get("nccl_transport", ())}),
+              "final": {}}
     cores = []
     for i, run in enumerate(runs):
         merged["meta"] = merged["meta"] or run["meta"]
+        merged["final"] = run.get("final") or merged["final"]
         core = run["meta"].get("core")
         if core and core not in cores:
             cores.append(core)
@@ -441,11 +532,22 @@ def table(headers, rows, align):
 
 
 def report(results, plan, args, started):
-    systems = [s for s in SYSTEM_ORDER if s in results]
+    cuda = args.device == "cuda"
+    systems = [s for s in (CUDA_SYSTEM_ORDER if cuda else SYSTEM_ORDER) if s in results]
     hvd, gloo, mpi = results.get("spark_hvd"), results.get("gloo"), results.get("mpi")
     out = []
-    out.append(f"Allreduce benchmark, {NP} processes on one host, float32, "
-               f"{started:%Y-%m-%d %H:%M}, {host_description()}")
+    if cuda:
+        gpu = args.gpu
+        share = (f"both ranks share cuda:0 ({gpu['count']} GPU visible)" if gpu["count"] < NP
+                 else f"one GPU per rank ({gpu['count']} visible)")
+        out.append(f"Allreduce benchmark, {NP} processes on one host, float32 CUDA tensors on "
+                   f"{gpu['name']}, {share}; torch {gpu.get('torch')}, CUDA "
+                   f"{gpu.get('cuda')}; {started:%Y-%m-%d %H:%M}, {host_description()}")
+        out.append(f"CUDA timing: {args.cuda_batch} back-to-back ops per repetition up to "
+                   "1 MiB (one above), then torch.cuda.synchronize(); latency = elapsed / ops.")
+    else:
+        out.append(f"Allreduce benchmark, {NP} processes on one host, float32, "
+                   f"{started:%Y-%m-%d %H:%M}, {host_description()}")
     rounds = max((r.get("rounds", 1) for r in results.values()), default=1)
     out.append(f"Each system ran alone, {rounds} round(s) interleaved; per size the best round's "
                "numbers." if rounds > 1 else "Each system ran alone, one round.")
@@ -474,6 +576,8 @@ def report(results, plan, args, started):
             if len(r.get("cores", [])) > 1:
                 extra += (f"  [WARNING: the native core was rebuilt during the run "
                           f"({' -> '.join(r['cores'])}): rounds mix versions; run again]")
+            if cuda:
+                extra += cuda_system_note(s, r)
             out.append(f"  {LABEL[s]}: {m.get('version', '?')}{extra}"
                        + (f"  [FAILED: {'; '.join(r['errors'])}]" if r["errors"] else ""))
     out.append("")
@@ -481,16 +585,13 @@ def report(results, plan, args, started):
     headers = ["size", "reps"] + [f"{LABEL[s]} µs" for s in systems] + \
               [f"{LABEL[s]} GB/s" for s in systems]
     ratio_cols = []
-    if hvd and gloo:
-        ratio_cols.append(("bw vs gloo", "gloo", "bw"))
-    if hvd and mpi:
-        ratio_cols.append(("bw vs MPI", "mpi", "bw"))
-    if hvd and gloo:
-        ratio_cols.append(("lat vs gloo", "gloo", "lat"))
-    if hvd and mpi:
-        ratio_cols.append(("lat vs MPI", "mpi", "lat"))
-    if results.get("spark_hvd_base") and mpi:
-        ratio_cols.append(("baseline lat vs MPI", "mpi", "lat_base"))
+    refs = [o for o in (("nccl", "gloo") if cuda else ("gloo", "mpi")) if results.get(o)]
+    for kind in ("bw", "lat"):
+        if hvd:
+            ratio_cols += [(f"{kind} vs {LABEL[o]}", o, kind) for o in refs]
+    base_ref = "nccl" if cuda else "mpi"
+    if results.get("spark_hvd_base") and results.get(base_ref):
+        ratio_cols.append((f"baseline lat vs {LABEL[base_ref]}", base_ref, "lat_base"))
     headers += [h for h, _, _ in ratio_cols]
     rows = []
     for nbytes, _, reps in plan["sizes"]:
@@ -517,18 +618,21 @@ def report(results, plan, args, started):
         out.append("")
         out.append(f"Gradient set: {g['tensors']} tensors of {fmt_size(g['elems'] * 4)} per step, "
                    f"median step time over {g['steps']} steps "
-                   f"({g['sync_steps']} for gloo one by one) after warm-up")
+                   + (f"({g['sync_steps']} for gloo one by one) " if g["sync_steps"] else "")
+                   + "after warm-up")
         out.append("")
         rows = []
-        mpi_rec = usable(mpi, None, "async")
+        first = "nccl" if cuda else "mpi"
+        mpi_rec = usable(results.get(first), None, "async")
         gloo_rec = usable(gloo, None, "async")
         variants = [("spark_hvd", "async", "allreduce_async_ x N + synchronize"),
                     ("spark_hvd_base", "async", "the same, --baseline checkout"),
                     ("mpi", "async", "Iallreduce x N + Waitall"),
+                    ("nccl", "async", "all_reduce(async_op=True) x N + wait"),
                     ("gloo", "async", "all_reduce(async_op=True) x N + wait"),
                     ("gloo", "sync", "all_reduce x N, one by one")]
         for s, variant, how in variants:
-            if s not in results:
+            if s not in results or (variant == "sync" and not g["sync_steps"]):
                 continue
             rec = usable(results[s], None, variant)
             if rec is None:
@@ -541,7 +645,8 @@ def report(results, plan, args, started):
                          fmt_ratio(t / mpi_rec["median_s"]) if mpi_rec else "-",
                          fmt_ratio(t / gloo_rec["median_s"]) if gloo_rec else "-"])
         out.append(table(["system", "how", "step ms", "p10–p90 ms", "µs/tensor",
-                          "vs MPI", "vs gloo async"], rows, ["l", "l", "r", "r", "r", "r", "r"]))
+                          f"vs {LABEL[first]}", "vs gloo async"], rows,
+                         ["l", "l", "r", "r", "r", "r", "r"]))
 
     idle = [(s, max(results[s]["idle"])) for s in systems if results[s].get("idle")]
     if idle:
@@ -552,7 +657,7 @@ def report(results, plan, args, started):
 
     # Targets
     out.append("")
-    out.append("Targets (issue 2), spark_hvd vs the others in this run:")
+    out.append(f"Targets (issue {22 if cuda else 2}), spark_hvd vs the others in this run:")
     verdicts = []
 
     def verdict(ok, text):
@@ -576,6 +681,11 @@ def report(results, plan, args, started):
             ok, text = passes(ours["median_s"], theirs["median_s"]), describe(ours, theirs)
             verdict(ok, f"{label}: {text}")
 
+    if cuda:
+        cuda_targets(results, plan, verdict, compare)
+        out.append(f"  => {verdicts.count('PASS')} PASS, {verdicts.count('FAIL')} FAIL, "
+                   f"{verdicts.count('SKIP')} SKIP")
+        return "\n".join(out), verdicts
     big = [n for n, _, _ in plan["sizes"] if n >= TARGET_BIG_BYTES]
     if not big:
         verdict(None, f"busbw at >= {fmt_size(TARGET_BIG_BYTES)}: no such size in this run")
@@ -606,6 +716,75 @@ def report(results, plan, args, started):
     out.append(f"  => {verdicts.count('PASS')} PASS, {verdicts.count('FAIL')} FAIL, "
                f"{verdicts.count('SKIP')} SKIP")
     return "\n".join(out), verdicts
+
+
+def cuda_system_note(system, result):
+    """The GPU, the transport NCCL reported and, for spark_hvd, what its GPU counters say."""
+    m = result.get("meta") or {}
+    parts = []
+    if m.get("gpu"):
+        parts.append(f"{m['gpu']} ({m.get('device')})")
+    if m.get("nccl_version"):
+        parts.append(f"NCCL {m['nccl_version']}")
+    if m.get("NCCL_HOSTID"):
+        parts.append("NCCL_HOSTID per rank")
+    if system.startswith("spark_hvd"):
+        parts.append(f"SPARK_HVD_SHARED_GPU={m.get('SPARK_HVD_SHARED_GPU') or '(unset)'}, "
+                     f"nccl_built={m.get('nccl_built')}")
+        staged, nccl = path_counters(result)
+        if staged is None:
+            parts.append(f"gpu_counters unavailable ({nccl})")
+        else:
+            parts.append(f"over the run: {nccl} NCCL collectives, {staged} bytes of CUDA "
+                         f"tensors copied through host memory"
+                         + ("  [NOT the NCCL path]" if staged else ""))
+    if system in ("spark_hvd", "spark_hvd_base", "nccl"):
+        parts.append("NCCL transport: " + (", ".join(result.get("nccl_transport") or [])
+                                           or "not reported (NCCL_DEBUG set by the caller?)"))
+    return "; " + "; ".join(parts) if parts else ""
+
+
+def path_counters(result):
+    """(host_staged_bytes, nccl_collectives) rank 0's core counted over the run, or
+    (None, why) when the core has no gpu_counters."""
+    final = (result.get("final") or {}).get(0) or {}
+    after, before = final.get("gpu_counters") or {}, final.get("gpu_counters_before") or {}
+    if "host_staged_bytes" not in after:
+        return None, after.get("unavailable", "no final record")
+    return (after["host_staged_bytes"] - before.get("host_staged_bytes", 0),
+            after.get("nccl_collectives", 0) - before.get("nccl_collectives", 0))
+
+
+def cuda_targets(results, plan, verdict, compare):
+    """Issue 22's targets, with --device cuda."""
+    hvd, nccl = results.get("spark_hvd"), results.get("nccl")
+    big = [n for n, _, _ in plan["sizes"] if n >= TARGET_BIG_BYTES]
+    if not big:
+        verdict(None, f"busbw at >= {fmt_size(TARGET_BIG_BYTES)}: no such size in this run")
+    for nbytes in big:
+        compare(f"{fmt_size(nbytes):>7} busbw >= {TARGET_CUDA_BW_VS_NCCL:g}x torch NCCL",
+                usable(hvd, nbytes), usable(nccl, nbytes), "nccl",
+                lambda a, b: b / a >= TARGET_CUDA_BW_VS_NCCL,
+                lambda a, b, n=nbytes: f"{b['median_s'] / a['median_s']:.2f}x "
+                f"({fmt_bw(busbw(n, a['median_s']))} vs {fmt_bw(busbw(n, b['median_s']))} GB/s)")
+    if TARGET_SMALL_BYTES in [n for n, _, _ in plan["sizes"]]:
+        compare(f"{fmt_size(TARGET_SMALL_BYTES):>7} latency <= {TARGET_CUDA_LAT_VS_NCCL:g}x "
+                "torch NCCL", usable(hvd, TARGET_SMALL_BYTES), usable(nccl, TARGET_SMALL_BYTES),
+                "nccl", lambda a, b: a / b <= TARGET_CUDA_LAT_VS_NCCL,
+                lambda a, b: f"{a['median_s'] / b['median_s']:.2f}x "
+                f"({fmt_us(a['median_s'])} vs {fmt_us(b['median_s'])} µs)")
+    else:
+        verdict(None, f"latency at {fmt_size(TARGET_SMALL_BYTES)}: not in this run's sizes")
+    if hvd is None or hvd.get("skipped"):
+        verdict(None, "no host copy of a CUDA tensor: spark_hvd not in this run")
+    else:
+        staged, nccl_ops = path_counters(hvd)
+        if staged is None:
+            verdict(False, f"no host copy of a CUDA tensor: gpu_counters unavailable ({nccl_ops})")
+        else:
+            verdict(staged == 0 and nccl_ops > 0, f"no host copy of a CUDA tensor: "
+                    f"{staged} bytes staged through host memory, {nccl_ops} NCCL collectives "
+                    "(rank 0, whole run)")
 
 
 def source_version():
@@ -655,8 +834,15 @@ def main(argv=None):
                    nargs="+", default=None,
                    help="message sizes, e.g. --sizes 4B 1KiB 16MiB (or comma-separated); "
                         "default: 4 B, 64 B, 1 KiB, 16 KiB, 256 KiB, 1 MiB ... 256 MiB")
-    p.add_argument("--systems", default=",".join(SYSTEM_ORDER),
-                   help="comma-separated subset of spark_hvd,gloo,mpi (default: all)")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                   help="cpu (default): NumPy arrays and CPU tensors; cuda: CUDA tensors, "
+                        "against torch.distributed's NCCL and gloo")
+    p.add_argument("--cuda-batch", type=int, default=10, metavar="N",
+                   help="--device cuda: back-to-back ops per timed repetition for sizes up to "
+                        "1 MiB (default 10; 1 times each op alone)")
+    p.add_argument("--systems", default=None,
+                   help="comma-separated subset of spark_hvd,gloo,mpi (default: all); with "
+                        "--device cuda of spark_hvd,nccl,gloo")
     p.add_argument("--grad-tensors", type=int, default=200,
                    help="tensors per gradient-set step (0: skip the gradient set)")
     p.add_argument("--grad-bytes", type=parse_size, default=16 * KiB,
@@ -675,9 +861,9 @@ def main(argv=None):
     p.add_argument("--hvd-arg", dest="hvd_args", action="append", default=[],
                    help="extra spark-hvd-run argument (repeatable), "
                         "e.g. --hvd-arg=--cycle-time-ms=1")
-    p.add_argument("--idle-cpu", type=float, default=5.0, metavar="SECONDS",
+    p.add_argument("--idle-cpu", type=float, default=None, metavar="SECONDS",
                    help="at the end, measure each rank's CPU use while initialized and idle for "
-                        "this long (0: skip; default 5)")
+                        "this long (0: skip; default 5, 0 with --device cuda)")
     p.add_argument("--baseline", metavar="DIR",
                    help="also run the spark_hvd checkout in DIR (built) as system "
                         "spark_hvd_base, e.g. the commit before a change")
@@ -691,14 +877,28 @@ def main(argv=None):
         args.rounds = 1 if args.quick else 3
     if not args.timeout:
         args.timeout = 120 if args.quick else 420
+    known = CUDA_SYSTEM_ORDER if args.device == "cuda" else SYSTEM_ORDER
+    if args.systems is None:
+        args.systems = ",".join(known)
+    if args.idle_cpu is None:
+        args.idle_cpu = 0.0 if args.device == "cuda" else 5.0
     systems = [s.strip() for s in args.systems.split(",") if s.strip()]
     if args.baseline and "spark_hvd_base" not in systems:
         systems.append("spark_hvd_base")
-    unknown = [s for s in systems if s not in SYSTEM_ORDER]
+    unknown = [s for s in systems if s not in known]
     if unknown or not systems:
-        p.error(f"--systems: unknown {unknown}; choose from {','.join(SYSTEM_ORDER)}")
-    if args.reps < 0 or args.rep_scale <= 0 or args.rounds < 1:
-        p.error("--reps, --rep-scale and --rounds must be positive")
+        p.error(f"--systems: unknown {unknown}; choose from {','.join(known)}")
+    if args.reps < 0 or args.rep_scale <= 0 or args.rounds < 1 or args.cuda_batch < 1:
+        p.error("--reps, --rep-scale, --rounds and --cuda-batch must be positive")
+    args.gpu = None
+    if args.device == "cuda":
+        args.gpu = probe_gpus()
+        if args.gpu.get("error"):
+            log(f"--device cuda: no usable GPU ({args.gpu['error']})")
+            return 2
+        log(f"GPU: {args.gpu['name']} ({args.gpu['count']} visible); ranks "
+            + ("share cuda:0: torch NCCL with NCCL_HOSTID per rank, spark_hvd with "
+               "SPARK_HVD_SHARED_GPU=nccl" if args.gpu["count"] < NP else "one GPU each"))
 
     plan = build_plan(args)
     args.source = source_version()
@@ -709,7 +909,7 @@ def main(argv=None):
         (f", gradient set {plan['grad']['tensors']} x {fmt_size(plan['grad']['elems'] * 4)}"
          if plan["grad"] else ""))
     rounds = {s: [] for s in systems}
-    order = [s for s in SYSTEM_ORDER if s in systems]
+    order = [s for s in known if s in systems]
     for rnd in range(args.rounds):
         if args.rounds > 1:
             log(f"--- round {rnd + 1} of {args.rounds}")
@@ -724,7 +924,8 @@ def main(argv=None):
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"started": started.isoformat(timespec="seconds"),
-                       "host": host_description(), "source": args.source, "plan": plan,
+                       "host": host_description(), "gpu": args.gpu, "device": args.device,
+                       "source": args.source, "plan": plan,
                        "results": results, "rounds": rounds, "verdicts": verdicts},
                       f, indent=1,
                       default=lambda o: sorted(o) if isinstance(o, set) else str(o))

@@ -6,6 +6,7 @@ and spark_hvd.keras' DistributedOptimizer in Keras 3's ``model.fit``.
     .venv/bin/python benchmarks/scaling.py --quick     # 1 round, about 1.5 minutes
     .venv/bin/python benchmarks/scaling.py --models mlp --rounds 5 --json /tmp/scaling.json
     .venv/bin/python benchmarks/scaling.py --models keras_mlp      # Keras 3 (TensorFlow)
+    python3 benchmarks/scaling.py --device cuda [--quick]           # CUDA: vs DDP over NCCL
 
 Two CPU models, one torch thread per rank, the same per-rank batch at every size (weak
 scaling), SGD with momentum:
@@ -42,6 +43,16 @@ A callback times steps 1..N (from the start of step 1 to the start of step N+1),
 per-call set-up and tear-down and the first step (where the ranks of the dist twin meet after
 the barrier) are excluded, for both twins alike; each rank times itself and the slowest rank's
 time counts (the maximum over ranks), as the torch jobs' closing barrier does.
+
+--device cuda (issue 22's recipe): the model "convnet", a 3.3 M-parameter conv net on
+MNIST-shaped input (1x28x28; conv 32, conv 64, pool, conv 128, pool, FC 512, FC 10), batch 128
+per rank, Adam(lr=1e-4), on rank r's GPU r % (visible GPUs). Jobs: hvd x1, hvd x2
+(DistributedOptimizer) and ddp x1, ddp x2 (DistributedDataParallel over torch's NCCL backend).
+With more ranks than GPUs (2 ranks sharing one GPU) NCCL refuses duplicate GPUs in one host:
+DDP's ranks then get NCCL_HOSTID=<job>-<rank> each and spark_hvd runs with
+SPARK_HVD_SHARED_GPU=nccl, with NCCL_SOCKET_IFNAME=lo for both (the same NCCL transport). Each
+repetition ends with torch.cuda.synchronize() before the closing barrier. The table gives ms
+per step (a step = every rank's batch); the target: hvd x2's step <= 1.1x ddp x2's.
 """
 
 import argparse
@@ -58,6 +69,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 MARK = "@@SCALING "
 MODELS = ("cnn", "mlp")  # the default: torch models
+CUDA_MODELS = ("convnet",)  # the default with --device cuda
+CUDA_CONFIGS = ("hvd1", "hvd2", "ddp1", "ddp2")
 KERAS_MODELS = ("keras_mlp", "keras_cnn")
 CONFIGS = ("hvd1", "hvd1hooks", "hvd2", "ddp1", "ddp2")  # jobs for torch models
 KERAS_CONFIGS = ("keras1", "keras2")  # jobs for Keras models
@@ -65,6 +78,11 @@ LABEL = {"hvd1": "hvd x1", "hvd1hooks": "hvd x1 hooks", "hvd2": "hvd x2", "ddp1"
          "ddp2": "ddp x2", "keras1": "keras x1", "keras2": "keras x2"}
 TARGET_EFFICIENCY = 0.90
 TARGET_OVERHEAD = 0.05
+TARGET_CUDA_STEP_VS_DDP = 1.1  # --device cuda: hvd x2 step time <= 1.1x ddp x2's (issue 22)
+sys.path.insert(0, os.path.join(HERE, "_helpers"))
+# BENCH_CUDA_DRY_RUN_ON_CPU=1 (see _helpers/allreduce_worker.py): --device cuda's code run end to
+# end on CPU tensors (DDP on gloo) by whoever edits it on a machine without a GPU.
+from allreduce_worker import CUDA_DRY_RUN, pick_gpu  # noqa: E402
 
 
 def is_keras(model):
@@ -100,6 +118,13 @@ def build(name):
                 x = torch.flatten(F.adaptive_avg_pool2d(x, 1), 1)
                 return self.f2(F.relu(self.f1(x)))
         return CNN(), (32, 3, 32, 32), 32
+    if name == "convnet":
+        # Issue 22's recipe: 3,309,578 parameters on MNIST-shaped input, batch 128.
+        return nn.Sequential(
+            nn.Conv2d(1, 32, 3, padding=1), nn.ReLU(), nn.Conv2d(32, 64, 3, padding=1),
+            nn.ReLU(), nn.MaxPool2d(2), nn.Conv2d(64, 128, 3, padding=1), nn.ReLU(),
+            nn.MaxPool2d(2), nn.Flatten(), nn.Linear(128 * 7 * 7, 512), nn.ReLU(),
+            nn.Linear(512, 10)), (128, 1, 28, 28), 128
     layers, width = [], 784
     for _ in range(3):
         layers += [nn.Linear(width, 1024), nn.ReLU()]
@@ -116,15 +141,29 @@ def worker(args):
     torch.set_num_threads(1)
     torch.set_num_interop_threads(1)
     system = args.worker
+    cuda = args.device == "cuda"
+    device = torch.device("cpu")
     if system == "hvd":
         import spark_hvd.torch as hvd
         hvd.init()
         rank, size, barrier = hvd.rank(), hvd.size(), hvd.barrier
+        if cuda:
+            device = pick_gpu(torch, hvd.local_rank())
     else:
         import torch.distributed as dist
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{args.port}",
+        backend = "gloo"
+        if cuda:
+            device = pick_gpu(torch, args.rank)
+            backend = "gloo" if CUDA_DRY_RUN else "nccl"
+            if args.nccl_hostid:  # ranks share a GPU: a host identity of their own each
+                os.environ["NCCL_HOSTID"] = f"{args.nccl_hostid}-{args.rank}"
+        dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{args.port}",
                                 rank=args.rank, world_size=args.size)
-        rank, size, barrier = args.rank, args.size, dist.barrier
+        rank, size = args.rank, args.size
+        barrier = (lambda: dist.barrier(device_ids=[device.index])) \
+            if cuda and not CUDA_DRY_RUN else dist.barrier
+    sync = (lambda: torch.cuda.synchronize(device)) if cuda and not CUDA_DRY_RUN \
+        else (lambda: None)
 
     results = {}
     for name in args.models.split(","):
@@ -135,16 +174,21 @@ def worker(args):
         for kind in ("local", "dist"):
             torch.manual_seed(0)
             model, shape, batch = build(name)
-            opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+            model = model.to(device)
+            if name == "convnet":  # the recipe's optimizer
+                opt = torch.optim.Adam(model.parameters(), lr=1e-4)
+            else:
+                opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
             if kind == "dist" and system == "hvd":
                 opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters())
                 hvd.broadcast_parameters(model.state_dict(), root_rank=0)
             elif kind == "dist":
                 from torch.nn.parallel import DistributedDataParallel
-                model = DistributedDataParallel(model)
+                model = DistributedDataParallel(
+                    model, device_ids=[device.index] if device.type == "cuda" else None)
             g = torch.Generator().manual_seed(rank)
-            x = torch.randn(shape, generator=g)
-            y = torch.randint(0, 10, (batch,), generator=g)
+            x = torch.randn(shape, generator=g).to(device)
+            y = torch.randint(0, 10, (batch,), generator=g).to(device)
 
             def step(model=model, opt=opt, x=x, y=y):
                 opt.zero_grad()
@@ -153,28 +197,45 @@ def worker(args):
             steppers[kind] = step
             for _ in range(args.warmup):
                 step()
+            sync()
         rates = {"local": [], "dist": []}
         cpu = {"local": [], "dist": []}
         for rep in range(args.reps):
             for kind in (("local", "dist") if rep % 2 == 0 else ("dist", "local")):
                 step = steppers[kind]
                 barrier()
+                sync()
                 t0, c0 = time.perf_counter(), time.process_time()
                 for _ in range(args.steps):
                     step()
+                sync()
                 c1 = time.process_time()
                 barrier()
                 rates[kind].append(size * batch * args.steps / (time.perf_counter() - t0))
                 cpu[kind].append((c1 - c0) / args.steps * 1e3)
         results[name] = {k: {"median": statistics.median(v), "best": max(v), "reps": v,
-                             "cpu_ms_per_step": statistics.median(cpu[k])}
+                             "cpu_ms_per_step": statistics.median(cpu[k]), "batch": batch}
                          for k, v in rates.items()}
     if rank == 0:
-        print(MARK + json.dumps({"size": size, "results": results}), flush=True)
+        meta = {"device": str(device)}
+        if cuda:
+            meta.update(gpu=torch.cuda.get_device_name(device) if device.type == "cuda"
+                        else "(dry run on the CPU)",
+                        gpus_visible=torch.cuda.device_count(), torch=torch.__version__,
+                        SPARK_HVD_SHARED_GPU=os.environ.get("SPARK_HVD_SHARED_GPU"),
+                        NCCL_HOSTID=os.environ.get("NCCL_HOSTID"))
+            if system == "hvd":
+                try:
+                    from spark_hvd.common import gpu_counters
+                    meta["gpu_counters"] = dict(gpu_counters())
+                except Exception as e:  # an older core: reported, not fatal
+                    meta["gpu_counters"] = {"unavailable": f"{type(e).__name__}: {e}"}
+        print(MARK + json.dumps({"size": size, "results": results, "meta": meta}), flush=True)
     if system == "hvd":
         hvd.shutdown()
     else:
         dist.destroy_process_group()
+
 
 
 def build_keras(name):
@@ -302,6 +363,8 @@ def commands(config, args):
         if k.startswith(("SPARK_HVD_", "HOROVOD_")):
             del env[k]
     n = 2 if config.endswith("2") else 1
+    if args.device == "cuda":
+        return cuda_commands(config, n, me + ["--device", "cuda"], env, args)
     if config.startswith("keras"):
         return [launcher() + ["-np", str(n)] + me + ["--worker", "keras"]], env
     if config.startswith("hvd"):
@@ -312,6 +375,22 @@ def commands(config, args):
     env["GLOO_SOCKET_IFNAME"] = "lo"
     return [me + ["--worker", "ddp", "--rank", str(r), "--size", str(n), "--port", str(port)]
             for r in range(n)], env
+
+
+def cuda_commands(config, n, me, env, args):
+    """commands() with --device cuda: ranks sharing a GPU use NCCL with a host identity of
+    their own each (DDP: NCCL_HOSTID per rank; spark_hvd: SPARK_HVD_SHARED_GPU=nccl)."""
+    shared = args.gpu["count"] < n
+    if shared:
+        env.setdefault("NCCL_SOCKET_IFNAME", "lo")
+    if config.startswith("hvd"):
+        if shared:
+            env["SPARK_HVD_SHARED_GPU"] = "nccl"
+        return [launcher() + ["-np", str(n)] + me + ["--worker", "hvd"]], env
+    port = free_port()
+    extra = ["--nccl-hostid", f"scaling{os.getpid()}-{port}"] if shared else []
+    return [me + ["--worker", "ddp", "--rank", str(r), "--size", str(n), "--port", str(port)]
+            + extra for r in range(n)], env
 
 
 def run_config(config, args):
@@ -348,8 +427,11 @@ def load():
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="1 round, fewer repetitions")
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                    help="cuda: the recipe's conv net on CUDA, hvd vs DDP over NCCL")
     ap.add_argument("--rounds", type=int, default=None, help="default 3 (1 with --quick)")
-    ap.add_argument("--models", default=",".join(MODELS))
+    ap.add_argument("--models", default=None,
+                    help=f"default {','.join(MODELS)}; {','.join(CUDA_MODELS)} with --device cuda")
     ap.add_argument("--configs", default=None,
                     help=f"jobs to run (default: {','.join(CONFIGS)} for torch models, "
                          f"{','.join(KERAS_CONFIGS)} for Keras models)")
@@ -365,13 +447,28 @@ def main():
     ap.add_argument("--rank", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--size", type=int, default=1, help=argparse.SUPPRESS)
     ap.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
+    ap.add_argument("--nccl-hostid", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    cuda = args.device == "cuda"
+    if args.models is None:
+        args.models = ",".join(CUDA_MODELS if cuda else MODELS)
     if args.reps is None:
         args.reps = 3 if args.quick else 6
     if args.worker:
         return worker(args)
     args.models = [m for m in args.models.split(",") if m]
-    if args.configs is None:
+    args.gpu = None
+    if cuda:
+        from allreduce import probe_gpus
+        args.gpu = probe_gpus()
+        if args.gpu.get("error"):
+            print(f"--device cuda: no usable GPU ({args.gpu['error']})", file=sys.stderr)
+            return 2
+        if any(is_keras(m) for m in args.models):
+            ap.error("--device cuda runs torch models only")
+    if args.configs is None and cuda:
+        configs = list(CUDA_CONFIGS)
+    elif args.configs is None:
         configs = (list(CONFIGS) if any(not is_keras(m) for m in args.models) else []) + \
             (list(KERAS_CONFIGS) if any(is_keras(m) for m in args.models) else [])
     else:
@@ -380,6 +477,7 @@ def main():
     rounds = args.rounds or (1 if args.quick else 3)
 
     runs = {c: [] for c in configs}
+    last_meta = {}
     loads = []
     for r in range(rounds):
         order = configs[r % len(configs):] + configs[:r % len(configs)]
@@ -387,14 +485,22 @@ def main():
             before = load()
             print(f"[scaling] round {r + 1}/{rounds}: {LABEL[config]} (load {before:.2f})",
                   file=sys.stderr, flush=True)
-            runs[config].append(run_config(config, args)["results"])
+            record = run_config(config, args)
+            runs[config].append(record["results"])
+            last_meta[config] = record.get("meta")
             loads.append((config, before, load()))
     stats = summarize(runs, args.models)
-    report(stats, loads, args, rounds, runs)
+    if cuda:
+        metas = {c: m for c in configs for m in [last_meta.get(c)] if m}
+        cuda_report(stats, metas, args, rounds)
+    else:
+        report(stats, loads, args, rounds, runs)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"summary": stats, "runs": runs, "loads": loads}, f, indent=1)
-    failed = any(line.startswith("FAIL") for line in verdicts(stats, args.models))
+            json.dump({"summary": stats, "runs": runs, "loads": loads, "gpu": args.gpu,
+                       "meta": last_meta}, f, indent=1)
+    lines = cuda_verdicts(stats, args.models) if cuda else verdicts(stats, args.models)
+    failed = any(line.startswith("FAIL") for line in lines)
     return 1 if failed and args.strict else 0
 
 
@@ -417,6 +523,8 @@ def summarize(runs, models):
                 "cpu_dist": statistics.median(r["dist"]["cpu_ms_per_step"] for r in rs),
                 "cpu_local": statistics.median(r["local"]["cpu_ms_per_step"] for r in rs),
             }
+            if "batch" in rs[0]["dist"]:
+                out[config][m]["batch"] = rs[0]["dist"]["batch"]
             if "fit_call_extra_ms" in rs[0]["dist"]:
                 for k in ("dist", "local"):
                     out[config][m][f"fit_extra_{k}"] = statistics.median(
@@ -459,6 +567,70 @@ def verdicts(stats, models):
                 line(over <= TARGET_OVERHEAD, f"{m}: DistributedOptimizer overhead at 1 rank "
                      f"({LABEL[c]}) {over:+.1%} (target <= {TARGET_OVERHEAD:.0%})")
     return out
+
+
+def step_ms(stats, config, model, kind="dist"):
+    """Milliseconds per step (every rank's batch) from a job's samples/s, or None."""
+    entry = stats.get(config, {}).get(model)
+    if not entry:
+        return None
+    n = 2 if config.endswith("2") else 1
+    return n * entry["batch"] / entry[kind] * 1e3
+
+
+def cuda_verdicts(stats, models):
+    out = []
+    for m in models:
+        hvd2, ddp2 = step_ms(stats, "hvd2", m), step_ms(stats, "ddp2", m)
+        if hvd2 and ddp2:
+            ok = hvd2 <= TARGET_CUDA_STEP_VS_DDP * ddp2
+            out.append(f"{'PASS' if ok else 'FAIL'} {m}: hvd x2 step {hvd2:.2f} ms = "
+                       f"{hvd2 / ddp2:.2f}x ddp x2's {ddp2:.2f} ms (target <= "
+                       f"{TARGET_CUDA_STEP_VS_DDP:g}x)")
+        else:
+            out.append(f"SKIP {m}: hvd x2 / ddp x2 step: a job did not run")
+    return out
+
+
+def cuda_report(stats, metas, args, rounds):
+    configs = list(stats)
+    gpu = args.gpu
+    any_meta = next(iter(metas.values()), {}) or {}
+    print(f"## Training step on CUDA: {gpu['name']} ({gpu['count']} visible; 2-rank jobs "
+          + ("share cuda:0" if gpu["count"] < 2 else "one GPU per rank")
+          + f"), torch {any_meta.get('torch', gpu.get('torch'))}; median of {rounds} "
+          f"round(s), {args.reps} x {args.steps} steps per twin and job\n")
+    print("ms per step (a step = every rank's batch; dist = the system's data parallelism, "
+          "local = the same processes without communication):\n")
+    print("| model | " + " | ".join(f"{LABEL[c]} dist | {LABEL[c]} local" for c in configs)
+          + " | hvd x2 / ddp x2 | hvd x1 / ddp x1 |")
+    print("|---" * (2 * len(configs) + 3) + "|")
+    for m in args.models:
+        cells = []
+        for c in configs:
+            d, loc = step_ms(stats, c, m), step_ms(stats, c, m, "local")
+            cells.append(f"{d:.2f} | {loc:.2f}" if d else "- | -")
+        ratios = []
+        for a, b in (("hvd2", "ddp2"), ("hvd1", "ddp1")):
+            x, y = step_ms(stats, a, m), step_ms(stats, b, m)
+            ratios.append(f"{x / y:.2f}x" if x and y else "-")
+        print(f"| {m} | " + " | ".join(cells + ratios) + " |")
+    print()
+    for c in configs:
+        meta = metas.get(c) or {}
+        extra = ""
+        if c.startswith("hvd"):
+            counters = meta.get("gpu_counters") or {}
+            extra = (f"; SPARK_HVD_SHARED_GPU={meta.get('SPARK_HVD_SHARED_GPU') or '(unset)'}"
+                     f"; gpu_counters at the end: {counters}")
+            if counters.get("host_staged_bytes"):
+                extra += "  [CUDA tensors were copied through host memory: NOT the NCCL path]"
+        elif meta.get("NCCL_HOSTID"):
+            extra = "; NCCL_HOSTID per rank"
+        print(f"- {LABEL[c]}: {meta.get('gpu', '?')} ({meta.get('device', '?')}){extra}")
+    print()
+    for line in cuda_verdicts(stats, args.models):
+        print(line)
 
 
 def report(stats, loads, args, rounds, stats_rounds=None):

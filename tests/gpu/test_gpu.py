@@ -1,0 +1,183 @@
+"""CUDA tensors through spark_hvd (issue 22, "Done when"): every collective, process sets,
+mixed CPU and CUDA tensors, join, DistributedOptimizer, broadcast of parameters and optimizer
+state, SyncBatchNorm; 1 rank (``hvd.init()`` with no launcher) and 2 ranks through the real
+launcher (``python -m spark_hvd.runner -np 2``), and that no CUDA tensor is copied through host
+memory on the NCCL path (``spark_hvd.common.gpu_counters()``).
+
+With fewer GPUs than ranks (the one-GPU test machine: both ranks on cuda:0) every 2-rank test
+runs in both modes of ``SPARK_HVD_SHARED_GPU``: unset (the default: the host path, with one
+warning) and ``nccl`` (each rank its own NCCL host identity). With a GPU per rank both modes
+take the NCCL path.
+
+Each test is one job (tests/gpu/workers/<area>.py) under a subprocess timeout (no
+pytest-timeout needed); a worker prints ``ok rank=R <check>`` per check and stops at the first
+failure with ``FAIL rank=R <check>: <why>``, which the assertion message shows.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import PY, REPO, JobResult, job_env, run_job
+from hide_package import run_without
+
+WORKERS = Path(__file__).resolve().parent / "workers"
+# Seconds per job (a healthy one takes 5-30 s); GPU_SUITE_JOB_TIMEOUT lowers it where device
+# time is short (tests/gpu/device_run.sh).
+JOB_TIMEOUT = float(os.environ.get("GPU_SUITE_JOB_TIMEOUT") or 150)
+
+# (ranks, SPARK_HVD_SHARED_GPU or None for unset)
+CASES = [pytest.param(1, None, id="np1"),
+         pytest.param(2, None, id="np2-shared_gpu_unset"),
+         pytest.param(2, "nccl", id="np2-shared_gpu_nccl")]
+NP2_CASES = CASES[1:]
+
+
+def gpu_count() -> int:
+    if os.environ.get("GPU_SUITE_DRY_RUN_ON_CPU") == "1":
+        return 8  # a dry run on the CPU (see conftest.py): no path expectations
+    import torch
+    return torch.cuda.device_count()
+
+
+def expected_path(np_: int, mode: str | None) -> str:
+    """What the job's CUDA collectives must go through (the worker's --expect)."""
+    if np_ == 1:
+        return "single"
+    if gpu_count() >= np_:
+        return "nccl"  # a GPU per rank: NCCL whatever SPARK_HVD_SHARED_GPU says
+    return "nccl" if mode == "nccl" else "host"
+
+
+def run_single(script: str, *args, env: dict | None = None,
+               timeout: float = JOB_TIMEOUT) -> JobResult:
+    """``python tests/gpu/workers/<script>.py`` alone (``hvd.init()`` with no launcher, size
+    1). Its output lines get the launcher's ``[0]<stdout>: `` prefix, so the result reads
+    like a launched job's."""
+    cmd = [PY, str(WORKERS / f"{script}.py"), *[str(a) for a in args]]
+    start = time.monotonic()
+    try:
+        proc = subprocess.run(cmd, cwd=REPO, env=job_env(env), capture_output=True, text=True,
+                              timeout=timeout)
+    except subprocess.TimeoutExpired as e:
+        out = e.stdout.decode(errors="replace") if isinstance(e.stdout, bytes) else e.stdout
+        err = e.stderr.decode(errors="replace") if isinstance(e.stderr, bytes) else e.stderr
+        pytest.fail(f"{' '.join(cmd)} did not finish within {timeout} s\n--- stdout ---\n"
+                    f"{(out or '')[-12000:]}\n--- stderr ---\n{(err or '')[-12000:]}")
+    def prefixed(text, stream):
+        return "".join(f"[0]<{stream}>: {line}\n" for line in text.splitlines())
+    return JobResult(cmd, proc.returncode, prefixed(proc.stdout, "stdout"),
+                     prefixed(proc.stderr, "stderr"), time.monotonic() - start)
+
+
+def run_area(area: str, np_: int, mode: str | None) -> JobResult:
+    expect = expected_path(np_, mode)
+    env = {"SPARK_HVD_SHARED_GPU": mode}  # None: unset (job_env removes it)
+    if np_ == 1:
+        result = run_single(area, "--expect", expect, env=env)
+    else:
+        result = run_job(np_, str(WORKERS / f"{area}.py"), "--expect", expect, env=env,
+                         timeout=JOB_TIMEOUT)
+    # What the path did, shown by `pytest -rP` (or on failure): devices, counters, timings.
+    print(f"{area} np={np_} SPARK_HVD_SHARED_GPU={mode or '(unset)'} expect={expect}: "
+          f"{result.seconds:.1f} s")
+    for r in range(np_):
+        for line in result.lines(r):
+            if line.startswith(("info ", "OK ")) or "nccl_collectives" in line:
+                print(f"  [{r}] {line}")
+    result.assert_ok(np_)
+    if expect == "host":
+        check_one_shared_gpu_warning(result, np_)
+    return result
+
+
+_SHARED_WARNING = re.compile(r"(?=.*shar)(?=.*(gpu|cuda|device))", re.IGNORECASE)
+
+
+def check_one_shared_gpu_warning(result: JobResult, np_: int) -> None:
+    """The host path for ranks sharing a GPU is announced on stderr, once per rank at most
+    (not per op: the job ran hundreds of CUDA collectives); a Python warning may take two
+    lines (the message and its source line)."""
+    hits = [line for line in result.stderr.splitlines() if _SHARED_WARNING.search(line)]
+    assert hits, ("ranks share a GPU and SPARK_HVD_SHARED_GPU is unset or host: expected a "
+                  "warning on stderr that mentions the shared GPU (host path)\n"
+                  + result.describe())
+    assert len(hits) <= 2 * np_, (f"the shared-GPU warning appears {len(hits)} times (expected "
+                                  f"once per rank at most):\n" + "\n".join(hits[:20]))
+
+
+# ---------------------------------------------------------------------------------------------
+
+def test_built_with_nccl_and_cuda_and_no_pyspark():
+    """nccl_built() and cuda_built() are True after import, --check-build marks NCCL and CUDA
+    built, and neither the launcher nor spark_hvd.torch imports PySpark."""
+    if os.environ.get("GPU_SUITE_DRY_RUN_ON_CPU") == "1":
+        pytest.skip("a dry run on the CPU (see conftest.py) has no NCCL to find")
+    code = (f"import sys; sys.path.insert(0, {str(REPO)!r}); import spark_hvd.torch as hvd; "
+            "print('flags', hvd.nccl_built(), hvd.cuda_built()); "
+            "print('pyspark imported:', any(m.split('.')[0] == 'pyspark' for m in sys.modules))")
+    proc = run_without("pyspark", code, timeout=120)
+    assert proc.returncode == 0, f"import failed with PySpark hidden:\n{proc.stderr[-6000:]}"
+    assert "flags True True" in proc.stdout, (
+        f"nccl_built() and cuda_built() must be True on a GPU machine:\n{proc.stdout}"
+        f"{proc.stderr[-3000:]}")
+    assert "pyspark imported: False" in proc.stdout, proc.stdout
+    code = (f"import runpy, sys; sys.path.insert(0, {str(REPO)!r}); "
+            "sys.argv = ['spark-hvd-run', '--check-build']; "
+            "runpy.run_module('spark_hvd.runner', run_name='__main__')")
+    proc = run_without("pyspark", code, timeout=120)
+    report = proc.stdout + proc.stderr
+    assert proc.returncode == 0, f"--check-build failed with PySpark hidden:\n{report[-6000:]}"
+    marks = {m.group(2).strip(): m.group(1) for m in
+             re.finditer(r"^\s*\[(.)\]\s*(.+)$", proc.stdout, re.MULTILINE)}
+    nccl = {k: v for k, v in marks.items() if k.upper().startswith("NCCL")}
+    assert nccl and all(v == "X" for v in nccl.values()), (
+        f"--check-build must show NCCL as built (its NCCL line marked [X]):\n{report}")
+    cuda = {k: v for k, v in marks.items() if "CUDA" in k.upper()}
+    assert cuda and all(v == "X" for v in cuda.values()), (
+        f"--check-build must show CUDA as built (a line naming CUDA marked [X]):\n{report}")
+
+
+@pytest.mark.parametrize("np_,mode", CASES)
+def test_collectives(np_, mode):
+    """Every collective on CUDA tensors (tests/gpu/workers/collectives.py), Adasum refused."""
+    run_area("collectives", np_, mode)
+
+
+@pytest.mark.parametrize("np_,mode", CASES)
+def test_mixed_cpu_and_cuda(np_, mode):
+    """CPU and CUDA tensors interleaved and in flight at once (workers/mixed.py)."""
+    run_area("mixed", np_, mode)
+
+
+@pytest.mark.parametrize("np_,mode", CASES)
+def test_training(np_, mode):
+    """broadcast_parameters / broadcast_optimizer_state, DistributedOptimizer against one
+    process on the whole batch, SyncBatchNorm against BatchNorm2d (workers/training.py)."""
+    run_area("training", np_, mode)
+
+
+@pytest.mark.parametrize("np_,mode", NP2_CASES)
+def test_process_sets(np_, mode):
+    """Collectives in static process sets, interleaved with the global set
+    (workers/process_sets.py)."""
+    run_area("process_sets", np_, mode)
+
+
+@pytest.mark.parametrize("np_,mode", NP2_CASES)
+def test_join(np_, mode):
+    """join while the other ranks reduce CUDA tensors (workers/join.py)."""
+    run_area("join", np_, mode)
+
+
+def test_shared_gpu_host_mode_explicit():
+    """SPARK_HVD_SHARED_GPU=host behaves as unset: the host path, one warning, right results."""
+    if gpu_count() >= 2:
+        pytest.skip("a GPU per rank: the ranks do not share a GPU here")
+    run_area("mixed", 2, "host")
