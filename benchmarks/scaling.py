@@ -82,7 +82,7 @@ TARGET_CUDA_STEP_VS_DDP = 1.1  # --device cuda: hvd x2 step time <= 1.1x ddp x2'
 sys.path.insert(0, os.path.join(HERE, "_helpers"))
 # BENCH_CUDA_DRY_RUN_ON_CPU=1 (see _helpers/allreduce_worker.py): --device cuda's code run end to
 # end on CPU tensors (DDP on gloo) by whoever edits it on a machine without a GPU.
-from allreduce_worker import CUDA_DRY_RUN, pick_gpu  # noqa: E402
+from allreduce_worker import CUDA_DRY_RUN, pick_gpu, read_gpu_counters  # noqa: E402
 
 
 def is_keras(model):
@@ -225,11 +225,7 @@ def worker(args):
                         SPARK_HVD_SHARED_GPU=os.environ.get("SPARK_HVD_SHARED_GPU"),
                         NCCL_HOSTID=os.environ.get("NCCL_HOSTID"))
             if system == "hvd":
-                try:
-                    from spark_hvd.common import gpu_counters
-                    meta["gpu_counters"] = dict(gpu_counters())
-                except Exception as e:  # an older core: reported, not fatal
-                    meta["gpu_counters"] = {"unavailable": f"{type(e).__name__}: {e}"}
+                meta["gpu_counters"] = read_gpu_counters()
         print(MARK + json.dumps({"size": size, "results": results, "meta": meta}), flush=True)
     if system == "hvd":
         hvd.shutdown()

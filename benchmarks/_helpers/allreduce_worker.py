@@ -225,7 +225,7 @@ class SparkHvdCuda(SparkHvd):
         self.torch = torch
         self.device = pick_gpu(torch, self.hvd.local_rank())
         self.cuda_batch = 1
-        self._counters0 = _gpu_counters()
+        self._counters0 = read_gpu_counters()
 
     def meta(self):
         hvd = self.hvd
@@ -236,7 +236,7 @@ class SparkHvdCuda(SparkHvd):
 
     def final(self):
         """What the path did over the whole run: the core's GPU counters, before and after."""
-        return {"gpu_counters_before": self._counters0, "gpu_counters": _gpu_counters()}
+        return {"gpu_counters_before": self._counters0, "gpu_counters": read_gpu_counters()}
 
 
 class TorchCuda:
@@ -310,9 +310,12 @@ def _gpu_meta(torch, device):
             "gpus_visible": torch.cuda.device_count(), "torch_cuda": torch.version.cuda}
 
 
-def _gpu_counters():
+def read_gpu_counters():
     try:
-        from spark_hvd.common import gpu_counters
+        try:
+            from spark_hvd.common import gpu_counters
+        except ImportError:
+            from spark_hvd.common.basics import gpu_counters
         return dict(gpu_counters())
     except Exception as e:  # an older core: say so in the report, do not fail the run
         return {"unavailable": f"{type(e).__name__}: {e}"}

@@ -120,13 +120,18 @@ def test_built_with_nccl_and_cuda_and_no_pyspark():
     if os.environ.get("GPU_SUITE_DRY_RUN_ON_CPU") == "1":
         pytest.skip("a dry run on the CPU (see conftest.py) has no NCCL to find")
     code = (f"import sys; sys.path.insert(0, {str(REPO)!r}); import spark_hvd.torch as hvd; "
-            "print('flags', hvd.nccl_built(), hvd.cuda_built()); "
-            "print('pyspark imported:', any(m.split('.')[0] == 'pyspark' for m in sys.modules))")
+            "print('after import', hvd.nccl_built(), hvd.cuda_built()); "
+            "print('pyspark imported:', any(m.split('.')[0] == 'pyspark' for m in sys.modules));"
+            "import torch; hvd.init(); torch.cuda.set_device(0); "
+            "hvd.allreduce(torch.ones(4, device='cuda'), name='probe'); "
+            "print('after a CUDA allreduce', hvd.nccl_built(), hvd.cuda_built()); "
+            "hvd.shutdown()")
     proc = run_without("pyspark", code, timeout=120)
-    assert proc.returncode == 0, f"import failed with PySpark hidden:\n{proc.stderr[-6000:]}"
-    assert "flags True True" in proc.stdout, (
-        f"nccl_built() and cuda_built() must be True on a GPU machine:\n{proc.stdout}"
-        f"{proc.stderr[-3000:]}")
+    assert proc.returncode == 0, (f"spark_hvd.torch with PySpark hidden failed:\n{proc.stdout}"
+                                  f"{proc.stderr[-6000:]}")
+    assert "after import True True" in proc.stdout, (
+        f"nccl_built() and cuda_built() must be True after import on a GPU machine:\n"
+        f"{proc.stdout}{proc.stderr[-3000:]}")
     assert "pyspark imported: False" in proc.stdout, proc.stdout
     code = (f"import runpy, sys; sys.path.insert(0, {str(REPO)!r}); "
             "sys.argv = ['spark-hvd-run', '--check-build']; "
@@ -139,9 +144,14 @@ def test_built_with_nccl_and_cuda_and_no_pyspark():
     nccl = {k: v for k, v in marks.items() if k.upper().startswith("NCCL")}
     assert nccl and all(v == "X" for v in nccl.values()), (
         f"--check-build must show NCCL as built (its NCCL line marked [X]):\n{report}")
+    # CUDA: a line naming CUDA marked [X], or the core's load report ("CUDA tensors: CUDA
+    # runtime and NCCL <version> loaded").
     cuda = {k: v for k, v in marks.items() if "CUDA" in k.upper()}
-    assert cuda and all(v == "X" for v in cuda.values()), (
-        f"--check-build must show CUDA as built (a line naming CUDA marked [X]):\n{report}")
+    loaded = re.search(r"^\s*CUDA tensors:.*CUDA runtime and NCCL .*loaded", proc.stdout,
+                       re.MULTILINE)
+    assert (cuda and all(v == "X" for v in cuda.values())) or (not cuda and loaded), (
+        f"--check-build must show CUDA as built (a line naming CUDA marked [X], or 'CUDA "
+        f"tensors: CUDA runtime and NCCL ... loaded'):\n{report}")
 
 
 @pytest.mark.parametrize("np_,mode", CASES)

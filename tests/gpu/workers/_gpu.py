@@ -142,8 +142,13 @@ def counters() -> dict:
         return {"nccl_collectives": 0, "host_staged_bytes": 0}
     try:
         from spark_hvd.common import gpu_counters
-    except ImportError as e:
-        C.fail("gpu_counters", f"spark_hvd.common.gpu_counters is missing ({e})")
+    except ImportError:
+        try:  # where the lead's core defines it, if spark_hvd.common does not export it yet
+            from spark_hvd.common.basics import gpu_counters
+            print(f"info rank={C.rank} spark_hvd.common does not export gpu_counters; "
+                  "used spark_hvd.common.basics.gpu_counters", flush=True)
+        except ImportError as e:
+            C.fail("gpu_counters", f"spark_hvd.common.gpu_counters is missing ({e})")
     try:
         got = dict(gpu_counters())
     except Exception as e:  # noqa: BLE001

@@ -2,6 +2,10 @@
 
 Usage: collectives.py --expect single|nccl|host
 
+Every CUDA collective before the no-host-copy check (--expect) runs on the NCCL path; after it:
+the averages of integer tensors (which the core may stage through host memory), the build flags,
+objects and Adasum.
+
 allreduce (Sum, Average, Min, Max, Product x float32/64/16, bfloat16, int32/64, uint8, int8;
 out of place, in place, async, async in place, grouped in all forms, pre/postscale, a 16 MiB
 tensor, N(0, 1) inputs with tolerances, inputs written by a slow kernel on a side stream),
@@ -14,7 +18,7 @@ import torch
 
 import spark_hvd.torch as hvd
 from _data import DTYPES, FLOATS, dn, ints, normal, put, reference, tolerance, value_range
-from _gpu import C, build_flags, main
+from _gpu import C, build_flags, counters, main
 
 OPS = {"Sum": hvd.Sum, "Average": hvd.Average, "Min": hvd.Min, "Max": hvd.Max,
        "Product": hvd.Product}
@@ -40,9 +44,17 @@ def inexact(op_name, dtype, size):
     return {"rtol": 4 * eps, "atol": 4 * eps}
 
 
-def allreduce_matrix(device, rank, size):
+def scaled_int(op_name, dtype):
+    """Average of an integer tensor: a sum and a scale, which the core may run through host
+    memory (NCCL has no scaling of integers); checked after the no-host-copy check."""
+    return op_name == "Average" and not dtype.is_floating_point
+
+
+def allreduce_matrix(device, rank, size, only_scaled_ints=False):
     for dtype in DTYPES:
         for op_name, op in OPS.items():
+            if scaled_int(op_name, dtype) != only_scaled_ints:
+                continue
             for shape in ((17,), (3, 5, 4)):
                 tag = f"ar.{op_name}.{dn(dtype)}.{shape}"
                 xs = op_inputs(tag, op_name, dtype, shape, size)
@@ -225,7 +237,7 @@ def gathers(device, rank, size):
     C.same(got, want, "alltoall without splits", device=device)
 
 
-def scatters(device, rank, size):
+def scatters(device, rank, size, only_scaled_ints=False):
     def block(t, rows):
         # rows % size first ranks get one row more.
         per = [rows // size + (1 if r < rows % size else 0) for r in range(size)]
@@ -233,6 +245,8 @@ def scatters(device, rank, size):
         return t[start:start + per[rank]]
     for dtype in (torch.float32, torch.float16, torch.bfloat16, torch.int32):
         for op_name in ("Sum", "Average"):
+            if scaled_int(op_name, dtype) != only_scaled_ints:
+                continue
             rows = 2 * size + 1
             tag = f"rs.{op_name}.{dn(dtype)}"
             xs = op_inputs(tag, op_name, dtype, (rows, 3), size)
@@ -240,6 +254,8 @@ def scatters(device, rank, size):
             C.same(got, block(reference(xs, op_name), rows),
                    f"reducescatter {op_name} {dn(dtype)} ({rows} rows over {size})",
                    device=device, **inexact(op_name, dtype, size))
+    if only_scaled_ints:
+        return
     shapes = [(2 * size, 3), (size + 1,), (3 * size, 2, 2)]
     per_tensor = [[ints(f"grs.{i}", r, s, -8, 9, torch.float32) for r in range(size)]
                   for i, s in enumerate(shapes)]
@@ -280,7 +296,6 @@ def adasum(device, rank, size):
 
 def body(args, device):
     rank, size = hvd.rank(), hvd.size()
-    build_flags()
     allreduce_matrix(device, rank, size)
     allreduce_forms(device, rank, size)
     if device.type == "cuda":  # (not in a dry run on the CPU)
@@ -290,9 +305,19 @@ def body(args, device):
 
 
 def after_path_check(args, device):
-    """Pickled objects (serialised by torch, not staged by the core) and the Adasum error
-    come after the counters are checked."""
+    """After the no-host-copy check: averages of integer tensors (the core may stage them),
+    the build flags, pickled objects (serialised by torch, not staged by the core) and the
+    Adasum error."""
     rank, size = hvd.rank(), hvd.size()
+    before = counters()
+    allreduce_matrix(device, rank, size, only_scaled_ints=True)
+    scatters(device, rank, size, only_scaled_ints=True)
+    after = counters()
+    print(f"info rank={rank} integer Average (allreduce, reducescatter): host_staged_bytes "
+          f"+{after['host_staged_bytes'] - before['host_staged_bytes']}, nccl_collectives "
+          f"+{after['nccl_collectives'] - before['nccl_collectives']} (not asserted)",
+          flush=True)
+    build_flags()
     objects(device, rank, size)
     if device.type == "cuda":
         adasum(device, rank, size)

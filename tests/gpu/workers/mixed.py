@@ -3,7 +3,9 @@
 Usage: mixed.py --expect single|nccl|host
 
 Each result must be right and stay on its input's device. host_staged_bytes counts CUDA
-tensors only, so the NCCL path's "no host copy" holds with CPU tensors in the job.
+tensors only, so the NCCL path's "no host copy" holds with CPU tensors in the job. Last, a CUDA
+tensor on one rank and a CPU tensor on the others ("Mismatched CPU/GPU device selection") is
+refused on every rank.
 """
 
 import torch
@@ -75,5 +77,20 @@ def body(args, device):
            device=CPU)
 
 
+def mismatch(args, device):
+    """After the path check: a CUDA tensor on rank 0 and a CPU tensor on the others is refused
+    on every rank, and the job goes on."""
+    rank, size = hvd.rank(), hvd.size()
+    if size < 2 or device.type != "cuda":
+        return
+    t = torch.ones(2, device=device) if rank == 0 else torch.ones(2)
+    C.raises("a CUDA tensor on rank 0, CPU tensors elsewhere: refused on every rank",
+             lambda: hvd.allreduce(t, op=hvd.Sum, name="mismatch.devices"),
+             (ValueError, RuntimeError), ("CPU/GPU",))
+    got = hvd.allreduce(torch.ones(3, device=device), op=hvd.Sum, name="after.mismatch")
+    C.same(got, torch.full((3,), float(size)), "a CUDA allreduce after the refused one",
+           device=device)
+
+
 if __name__ == "__main__":
-    main(body)
+    main(body, after=mismatch)
