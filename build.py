@@ -14,7 +14,7 @@ the old library, so processes that already loaded the old one are not disturbed.
     python build.py --debug       # -O0 -g, same output path
     python build.py --asan        # --debug plus AddressSanitizer (needs LD_PRELOAD=libasan.so)
     python build.py --clean       # remove build/native and the libraries
-    python build.py --no-tensorflow --no-torch   # the core only
+    python build.py --no-tensorflow --no-torch --no-mpi   # the core only
     python build.py -j 4 -v       # 4 parallel compiles, print every command
     python build.py --no-smoke-test   # cross builds: a library this machine cannot run
 
@@ -29,6 +29,18 @@ native/exports.map, so a C++ runtime linked in statically stays private. A fresh
 is installed only after a smoke test: two processes that load it next to the system's C++
 runtime, as torch and TensorFlow do, init, allreduce and shut down over 127.0.0.1 (a fraction of
 a second). When that fails the build fails, naming the compiler and what to do.
+
+Where an MPI implementation with headers is installed (an ``mpicxx`` wrapper on PATH, or
+``MPICXX``), the MPI plugin (native/mpi/plugin/) is built too, into libspark_hvd_mpi.so next to
+the core, with the wrapper's compile and link flags (``--showme:compile`` / ``--showme:link``
+of Open MPI, ``-compile_info`` / ``-link_info`` of MPICH; failing those, the wrapper itself
+compiles). It is a separate library, not part of the core, so that the core never links MPI:
+the core must build, load and run on machines without MPI, and a core linked to libmpi would
+fail to load wherever that library (or the version it was built against) is missing, and
+would pull MPI into every process that only uses the TCP transport. The core dlopens the plugin
+at init only for ``HOROVOD_CPU_OPERATIONS=MPI``; by then mpi4py has loaded and initialised the
+very libmpi the plugin links to. Without MPI the plugin is skipped with a note
+(``mpi_built()`` is then False); ``--no-mpi`` skips it.
 
 The TensorFlow op library is built against the TensorFlow that the building interpreter
 imports (its headers and libtensorflow_framework), and rebuilt when that version or its sources
@@ -64,6 +76,7 @@ ROOT = Path(__file__).resolve().parent
 LIB_NAME = "libspark_hvd_core.so"
 TF_LIB_NAME = "libspark_hvd_tf.so"
 TORCH_LIB_NAME = "libspark_hvd_torch.so"
+MPI_LIB_NAME = "libspark_hvd_mpi.so"
 DEFAULT_SRC = ROOT / "native"
 DEFAULT_BUILD = ROOT / "build" / "native"
 DEFAULT_OUT = ROOT / "spark_hvd" / "_core" / LIB_NAME
@@ -140,13 +153,16 @@ def _exports_map(src_dir: Path) -> Path:
 # Standalone test programs (with their own main) live in tests/ and are built by their tests;
 # tensorflow/ and torch/ hold the framework libraries (build_framework_library), not the core.
 EXCLUDED_DIRS = ("tests", "tensorflow", "torch")
+# The MPI plugin's sources (build_mpi_plugin): compiled against MPI, never into the core.
+MPI_PLUGIN_DIR = ("mpi", "plugin")
 
 
 def _sources(src_dir: Path) -> list[Path]:
     if not src_dir.is_dir():
         return []
     return sorted(p for p in src_dir.rglob("*.cc")
-                  if p.is_file() and p.relative_to(src_dir).parts[0] not in EXCLUDED_DIRS)
+                  if p.is_file() and p.relative_to(src_dir).parts[0] not in EXCLUDED_DIRS
+                  and p.relative_to(src_dir).parts[:2] != MPI_PLUGIN_DIR)
 
 
 def _newest_header_mtime(src_dir: Path) -> float:
@@ -768,20 +784,108 @@ def build_framework_library(
     )
     inputs = sources + [src_dir / "include" / "spark_hvd.h", src_dir / "common" / "types.h",
                         src_dir / EXPORTS_MAP]
-    stamp = build_root / f"{framework}_stamp"
-    signature = " ".join(cmd) + f"\n{framework}={fw['version']}\n"
+    return _build_library(cmd, output, inputs, build_root, f"{framework}_stamp",
+                          f"{framework}={fw['version']}", f"against {display} {fw['version']}",
+                          "building", verbose, quiet)
+
+
+def _build_library(cmd: list[str], output: Path, inputs: list[Path], build_root: Path,
+                   stamp_name: str, version: str, note: str, what: str, verbose: bool,
+                   quiet: bool) -> Path:
+    """Runs ``cmd`` (one compile-and-link step) into ``output`` unless the library is up to
+    date: built by the same command (``version`` too, recorded in ``stamp_name``) and newer
+    than every one of ``inputs``. ``note`` says what it was built with."""
+    stamp = build_root / stamp_name
+    signature = " ".join(cmd) + f"\n{version}\n"
     with _lock(build_root):
         if (output.exists() and stamp.exists() and stamp.read_text() == signature
                 and max(p.stat().st_mtime for p in inputs if p.exists())
                 <= output.stat().st_mtime):
-            _log(f"{_display(output)} up to date ({display} {fw['version']})", quiet)
+            _log(f"{_display(output)} up to date ({note})", quiet)
             return output
         t0 = time.monotonic()
-        _produce(cmd, output, "building", verbose)
+        _produce(cmd, output, what, verbose)
         stamp.write_text(signature)
-        _log(f"built {_display(output)} against {display} {fw['version']} in "
-             f"{time.monotonic() - t0:.1f}s", quiet)
+        _log(f"built {_display(output)} {note} in {time.monotonic() - t0:.1f}s", quiet)
     return output
+
+
+def _mpi_wrapper_flags(wrapper: str) -> tuple[list[str], list[str]] | None:
+    """(compile flags, link flags) of the MPI compiler wrapper ``wrapper``, or None when it
+    cannot say (then the wrapper compiles the plugin itself)."""
+    for compile_q, link_q in (("--showme:compile", "--showme:link"),  # Open MPI
+                              ("-compile_info", "-link_info")):      # MPICH, Intel MPI
+        try:
+            got = [subprocess.run([wrapper, q], capture_output=True, text=True, timeout=30)
+                   for q in (compile_q, link_q)]
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        if all(p.returncode == 0 and p.stdout.strip() for p in got):
+            compile_flags, link_flags = (shlex.split(p.stdout) for p in got)
+            if compile_q == "-compile_info":  # MPICH prints the whole command, compiler first
+                compile_flags = [f for f in compile_flags[1:] if f.startswith(("-I", "-D"))]
+                link_flags = [f for f in link_flags[1:] if f.startswith(("-L", "-l", "-Wl"))]
+            return compile_flags, link_flags
+    return None
+
+
+def _mpi_headers_present(cmd: list[str]) -> bool:
+    """True when ``cmd`` (a compiler with MPI's compile flags) finds ``mpi.h``."""
+    try:
+        proc = subprocess.run(cmd + ["-E", "-x", "c++", "-"], input="#include <mpi.h>\n",
+                              capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return proc.returncode == 0
+
+
+def build_mpi_plugin(core: Path, debug: bool = False, verbose: bool = False, quiet: bool = False,
+                     src_dir: str | os.PathLike | None = None,
+                     build_dir: str | os.PathLike | None = None) -> Path | None:
+    """Compile native/mpi/plugin/*.cc against the installed MPI into libspark_hvd_mpi.so next
+    to ``core`` (the module docstring says why it is a library of its own).
+
+    Returns the library path, or None when no MPI with headers is installed (the wrapper,
+    ``MPICXX`` or ``mpicxx``, is missing or finds no ``mpi.h``): the core does without, and
+    ``HOROVOD_CPU_OPERATIONS=MPI`` is refused at init. Raises BuildError when the compile
+    fails."""
+    src_dir = Path(src_dir or os.environ.get("SPARK_HVD_NATIVE_DIR") or DEFAULT_SRC).resolve()
+    build_root = Path(build_dir or DEFAULT_BUILD).resolve()
+    sources = sorted(src_dir.joinpath(*MPI_PLUGIN_DIR).glob("*.cc"))
+    output = Path(core).parent / MPI_LIB_NAME
+    if not sources:
+        return None
+    wrapper = os.environ.get("MPICXX") or "mpicxx"
+    if shutil.which(wrapper) is None:
+        _log(f"no MPI compiler wrapper ({wrapper}) on PATH: skipping the MPI plugin "
+             "(HOROVOD_CPU_OPERATIONS=MPI needs it)", quiet)
+        return None
+    flags = _mpi_wrapper_flags(wrapper)
+    if flags is None:
+        compiler, mpi_compile, mpi_link = [wrapper], [], []
+    else:
+        compiler, (mpi_compile, mpi_link) = _compiler(), flags
+    # MPI's headers as system headers: their own warnings are not ours. The plugin uses MPI's
+    # C API only: no C++ bindings (Open MPI's libmpi_cxx) to compile or link.
+    mpi_compile = ([f"-isystem{f[2:]}" if f.startswith("-I") else f for f in mpi_compile]
+                   + ["-DOMPI_SKIP_MPICXX=1", "-DMPICH_SKIP_MPICXX=1"])
+    mpi_link = [f for f in mpi_link if f != "-lmpi_cxx"]
+    if not _mpi_headers_present(compiler + mpi_compile):
+        _log(f"{wrapper} finds no mpi.h (install MPI's development package, e.g. "
+             "libopenmpi-dev): skipping the MPI plugin", quiet)
+        return None
+    # Only its shvd_mpi_plugin_* functions are exported (exports.map).
+    cmd = (
+        compiler + BASE_FLAGS + (DEBUG_FLAGS if debug else RELEASE_FLAGS) + HIDDEN_FLAGS
+        + mpi_compile + [f"-I{src_dir}", "-shared"] + _env_flags("CXXFLAGS")
+        + [str(p) for p in sources]
+        + ["-Wl,--no-undefined", f"-Wl,--version-script={_exports_map(src_dir)}",
+           PRIVATE_ARCHIVES_FLAG] + mpi_link
+        + _env_flags("LDFLAGS")
+    )
+    inputs = sources + [src_dir / "mpi" / "plugin_api.h", src_dir / "include" / "spark_hvd.h"]
+    return _build_library(cmd, output, inputs, build_root, "mpi_stamp", "mpi",
+                          f"with {wrapper}", "building the MPI plugin", verbose, quiet)
 
 
 def _display(p: Path) -> str:
@@ -798,7 +902,8 @@ def clean(build_dir: str | os.PathLike | None = None, output: str | os.PathLike 
     if build_root.exists():
         shutil.rmtree(build_root)
         _log(f"removed {_display(build_root)}", quiet)
-    for lib in (output, output.parent / TF_LIB_NAME, output.parent / TORCH_LIB_NAME):
+    for lib in (output, output.parent / TF_LIB_NAME, output.parent / TORCH_LIB_NAME,
+                output.parent / MPI_LIB_NAME):
         if lib.exists():
             lib.unlink()
             _log(f"removed {_display(lib)}", quiet)
@@ -816,6 +921,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="skip the TensorFlow op library even when TensorFlow is importable")
     ap.add_argument("--no-torch", action="store_true",
                     help="skip the torch allocator library even when torch is importable")
+    ap.add_argument("--no-mpi", action="store_true",
+                    help="skip the MPI plugin even when MPI is installed")
     ap.add_argument("--src", default=None, help="source tree (default native/)")
     ap.add_argument("--build-dir", default=None, help="object directory (default build/native/)")
     ap.add_argument("--output", default=None, help=f"library path (default spark_hvd/_core/{LIB_NAME})")
@@ -836,6 +943,9 @@ def main(argv: list[str] | None = None) -> int:
                 build_framework_library(framework, core, debug=args.debug, verbose=args.verbose,
                                         quiet=args.quiet, src_dir=args.src,
                                         build_dir=args.build_dir)
+        if core is not None and not args.no_mpi and not args.asan:
+            build_mpi_plugin(core, debug=args.debug, verbose=args.verbose, quiet=args.quiet,
+                             src_dir=args.src, build_dir=args.build_dir)
     except BuildError as e:
         print(f"[build] ERROR: {e}", file=sys.stderr, flush=True)
         return 1

@@ -13,6 +13,7 @@
 #include "common/logging.h"
 #include "engine/engine.h"
 #include "include/spark_hvd.h"
+#include "mpi/mpi_backend.h"
 
 using namespace shvd;
 
@@ -368,6 +369,12 @@ int32_t shvd_init(const shvd_init_options* o) {
       eo.static_process_sets.emplace_back(ranks, ranks + o->process_set_sizes[i]);
       ranks += o->process_set_sizes[i];
     }
+    // MPI backend: collective over the job's communicator when asked for (mpi/mpi_backend.h).
+    mpi::stop();
+    if (o->cpu_operations == SHVD_CPU_OPERATIONS_MPI)
+      mpi::start(o->mpi_plugin ? o->mpi_plugin : "", o->mpi_comm);
+    else if (o->cpu_operations != SHVD_CPU_OPERATIONS_DEFAULT)
+      return fail(SHVD_ERR_INVALID, "unknown cpu_operations " + std::to_string(o->cpu_operations));
     auto eng = std::make_shared<Engine>(std::move(eo), std::move(mesh), shm);
     if (o->timeline_path && *o->timeline_path && o->rank == 0) {
       std::string err;
@@ -388,6 +395,7 @@ int32_t shvd_shutdown(void) {
     g_endpoint.reset();
   }
   if (eng) eng->shutdown();
+  mpi::stop();  // MPI backend
   return 0;
 }
 

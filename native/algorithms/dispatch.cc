@@ -2,10 +2,12 @@
 // adapters between CollectiveCall and each algorithm's own signature.
 #include "dispatch.h"
 
+#include <climits>
 #include <cstring>
 #include <stdexcept>
 #include <string>
 
+#include "../mpi/mpi_backend.h"
 #include "hierarchical.h"
 #include "reduce_kernels.h"
 #include "shared_memory_group.h"
@@ -64,6 +66,14 @@ bool hierarchical_allreduce(const CollectiveCase& c) {
 // Allgather also needs each host's members consecutive in the set.
 bool hierarchical_allgather(const CollectiveCase& c) {
   return c.comm->hierarchy && c.comm->hierarchy->hosts_contiguous && c.hierarchical != 0;
+}
+
+// MPI operations are on (HOROVOD_CPU_OPERATIONS=MPI, the same on every rank: init checks it),
+// the set exchanges something, and MPI can take the reduction (Adasum stays ours). A
+// reducescatter's blocks must fit MPI's int counts (the other ops split or re-type theirs).
+bool through_mpi(const CollectiveCase& c) {
+  return mpi::active() && c.comm->size > 1 && mpi::supports(c.dtype, c.reduce_op) &&
+         (c.op != OpType::kReducescatter || c.count <= size_t(INT_MAX));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -138,6 +148,29 @@ bool run_reducescatter_ring(const CollectiveCall& k) {
   return true;
 }
 
+// MPI (mpi/mpi_backend.h): the engine's buffers as the other rows take them.
+bool run_mpi_allreduce(const CollectiveCall& k) {
+  if (buffer(k).count > 0)
+    mpi::allreduce(k.comm, buffer(k).out, buffer(k).count, k.dtype, k.reduce_op);
+  return true;
+}
+bool run_mpi_allgather(const CollectiveCall& k) {
+  mpi::allgather(k.comm, k.tensors[0].out, k.blocks);
+  return true;
+}
+bool run_mpi_broadcast(const CollectiveCall& k) {
+  mpi::broadcast(k.comm, k.tensors[0].out, k.tensors[0].count * dtype_size(k.dtype), k.root);
+  return true;
+}
+bool run_mpi_alltoall(const CollectiveCall& k) {
+  mpi::alltoall(k.comm, k.tensors[0].in, k.blocks, k.tensors[0].out, k.recv_blocks);
+  return true;
+}
+bool run_mpi_reducescatter(const CollectiveCall& k) {
+  mpi::reducescatter(k.comm, k.tensors[0].out, k.blocks, k.dtype, k.reduce_op, k.scratch);
+  return true;
+}
+
 // ---------------------------------------------------------------------------------------------
 // The rules, in order: the first row of the response's op whose predicate holds runs it.
 //
@@ -146,6 +179,14 @@ bool run_reducescatter_ring(const CollectiveCall& k) {
 // placed first, with CollectiveCase telling where the tensors live for `on_gpu`.
 constexpr Algorithm kAlgorithms[] = {
     {OpType::kAllreduce, "LOCAL_ALLREDUCE", alone, Staging::kTensors, run_local_allreduce},
+    // MPI operations asked for: every collective MPI can take goes through it, ahead of the
+    // core's own paths (the engine packs, prescales and, for Average, divides as usual).
+    {OpType::kAllreduce, "MPI_ALLREDUCE", through_mpi, Staging::kBuffer, run_mpi_allreduce},
+    {OpType::kAllgather, "MPI_ALLGATHER", through_mpi, Staging::kBuffer, run_mpi_allgather},
+    {OpType::kBroadcast, "MPI_BROADCAST", through_mpi, Staging::kBuffer, run_mpi_broadcast},
+    {OpType::kAlltoall, "MPI_ALLTOALL", through_mpi, Staging::kBuffer, run_mpi_alltoall},
+    {OpType::kReducescatter, "MPI_REDUCESCATTER", through_mpi, Staging::kBuffer,
+     run_mpi_reducescatter},
     // One host, each tensor read and written where it lies. The arena path (every member's
     // tensors in shared arenas, reduced in place) declines when some member's are not.
     {OpType::kAllreduce, "SHM_ARENA_ALLREDUCE", in_arenas_tensors, Staging::kTensors,

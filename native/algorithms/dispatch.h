@@ -4,6 +4,8 @@
 // names the path for the timeline. The engine packs, calls the chosen row and unpacks
 // (engine/execute.cc); the algorithm files know nothing of the choice.
 //
+// With MPI operations on (mpi/mpi_backend.h) the MPI rows come first for every op MPI can take.
+//
 // Every fact a predicate looks at is the same on every member of the set (the response, the
 // communicator and settings agreed when the set was set up), so every member runs the same row
 // without exchanging a message about it.

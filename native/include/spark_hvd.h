@@ -110,7 +110,21 @@ typedef struct {
    * answer: host down, link cut) is lost, and every rank's pending ops fail (<= 0: the kernel's
    * defaults, minutes to hours). */
   double peer_timeout_seconds;
+  /* ---- MPI backend ----
+   * CPU collectives' data path (HOROVOD_CPU_OPERATIONS): SHVD_CPU_OPERATIONS_DEFAULT, the core's
+   * own transport; SHVD_CPU_OPERATIONS_MPI, through MPI, with the plugin library at
+   * `mpi_plugin` on a duplicate of the communicator `mpi_comm` (MPI_Comm_c2f of the one the job
+   * was bootstrapped on: its rank i is rank i here; MPI initialised by the caller). */
+  int32_t cpu_operations;
+  int64_t mpi_comm;
+  const char* mpi_plugin;
 } shvd_init_options;
+
+/* shvd_init_options.cpu_operations (MPI backend). */
+enum {
+  SHVD_CPU_OPERATIONS_DEFAULT = 0,
+  SHVD_CPU_OPERATIONS_MPI = 1,
+};
 
 /* Settings autotuning leaves alone (shvd_init_options.autotune_fixed). */
 enum {

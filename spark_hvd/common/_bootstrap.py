@@ -15,7 +15,7 @@ import secrets
 import socket
 
 from . import _bootstrap_contract as contract
-from . import _launchers
+from . import _launchers, _mpi
 from ._native import InitOptions, check, lib
 from ._network import pinned_interface_address, route_address
 from ._secret import secret_from_env
@@ -163,6 +163,9 @@ def start(config, comm=None, process_sets=(), rendezvous=None, placement=None, s
     """
     if placement is None:
         placement, rendezvous, secret, job_id = discover(comm, generation)
+    # MPI operations (HOROVOD_CPU_OPERATIONS=MPI) need the communicator the job was found on.
+    mpi_options = _mpi.options_for_init(
+        config, rendezvous.comm if isinstance(rendezvous, MpiRendezvous) else None)
     host_id = os.environ.get(contract.HOSTNAME) or socket.gethostname()
     bind_addr = os.environ.get(contract.BIND_ADDR, "")
     peers = ""
@@ -227,13 +230,14 @@ def start(config, comm=None, process_sets=(), rendezvous=None, placement=None, s
         autotune_bayes_opt_max_samples=config.autotune_bayes_opt_max_samples,
         autotune_gaussian_process_noise=config.autotune_gaussian_process_noise,
         autotune_fixed=config.autotune_fixed_bits(),
-        peer_timeout_seconds=config.peer_timeout)
+        peer_timeout_seconds=config.peer_timeout, **mpi_options)
     try:
         check(lib.shvd_init(opts))
     except HorovodInternalError as e:
         if "to connect" not in str(e):
             raise
         raise HorovodInternalError(f"{e} {_address_hint(peers)}") from None
+    _mpi.started(mpi_options)
     return placement
 
 

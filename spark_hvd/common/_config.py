@@ -57,6 +57,32 @@ _OVERLAP = {"auto": -1, "1": 1, "true": 1, "on": 1, "yes": 1, "0": 0, "false": 0
             "no": 0}
 
 
+# HOROVOD_CPU_OPERATIONS, with Horovod's values in any case (it compares them with
+# strcasecmp): MPI moves CPU collectives' data through MPI (a job bootstrapped through MPI
+# only, see _mpi), gloo, Horovod's MPI-free one, is spark_hvd's own transport (the default).
+CPU_OPERATIONS_DEFAULT, CPU_OPERATIONS_MPI = "default", "mpi"
+_CPU_OPERATIONS = {"gloo": CPU_OPERATIONS_DEFAULT, "mpi": CPU_OPERATIONS_MPI}
+
+
+def cpu_operations():
+    """``CPU_OPERATIONS`` as :data:`CPU_OPERATIONS_DEFAULT` or :data:`CPU_OPERATIONS_MPI`;
+    ValueError for a value Horovod does not know or spark_hvd does not do (CCL)."""
+    value = env("CPU_OPERATIONS")
+    if value is None or not value.strip():
+        return CPU_OPERATIONS_DEFAULT
+    key = value.strip().lower()
+    name = contract.set_name("CPU_OPERATIONS")
+    if key == "ccl":
+        raise ValueError(f"{name}={value}: oneCCL is not supported; use MPI (collectives "
+                         "through MPI, in jobs started by mpirun or init(comm=...)) or gloo "
+                         "(spark_hvd's own transport, the default)")
+    if key not in _CPU_OPERATIONS:
+        raise ValueError(f"{name}={value!r} is not a CPU operations backend: use MPI "
+                         "(collectives through MPI, in jobs started by mpirun or "
+                         "init(comm=...)) or gloo (spark_hvd's own transport, the default)")
+    return _CPU_OPERATIONS[key]
+
+
 class Config:
     """Engine settings read once at ``init()``."""
 
@@ -107,6 +133,7 @@ class Config:
         if overlap not in _OVERLAP:
             raise ValueError(f"SPARK_HVD_OVERLAP must be auto, 1 or 0, got {overlap!r}")
         self.overlap = _OVERLAP[overlap]
+        self.cpu_operations = cpu_operations()
         self._read_autotune()
         for name, value in (("FUSION_THRESHOLD", self.fusion_threshold),
                             ("CACHE_CAPACITY", self.cache_capacity),
@@ -238,10 +265,11 @@ class HorovodVariable:
 
 _INSTALLER = ("an option of Horovod's installer (pip install horovod); spark_hvd builds with "
               "build.py")
-_NOT_MPI = "MPI is not a transport here (spark_hvd uses its own TCP/shared-memory transport)"
-_OUR_TRANSPORT = ("spark_hvd always uses its own TCP/shared-memory transport (Horovod's gloo "
-                  "slot; gloo_enabled() is True); other controllers and CPU operations are not "
-                  "available")
+_NOT_MPI = ("mpi4py initialises MPI (its thread level is mpi4py.rc.thread_level), and Adasum "
+            "runs on spark_hvd's own transport even with HOROVOD_CPU_OPERATIONS=MPI")
+_OUR_TRANSPORT = ("spark_hvd always negotiates through its own controller (Horovod's gloo "
+                  "slot; gloo_enabled() is True); HOROVOD_CPU_OPERATIONS=MPI moves the data "
+                  "of CPU collectives through MPI")
 _TORUS = ("torus allreduce is not implemented; HOROVOD_HIERARCHICAL_ALLREDUCE gives the "
           "same two-level allreduce (within each host, then across hosts)")
 _ELASTIC = ("elastic training is not implemented yet; run a fixed-size job and restart it from "
@@ -314,7 +342,9 @@ HOROVOD_VARIABLES = {
     "ENABLE_XLA_OPS": HorovodVariable(WARNED, "there are no XLA ops; compile Keras models with "
                                       "jit_compile=False", flag=True),
     "CONTROLLER": HorovodVariable(WARNED, _OUR_TRANSPORT, accepted=("gloo",)),
-    "CPU_OPERATIONS": HorovodVariable(WARNED, _OUR_TRANSPORT, accepted=("gloo",)),
+    "CPU_OPERATIONS": HorovodVariable(HONOURED, "MPI: CPU collectives move their data through "
+                                      "MPI (jobs started by mpirun or init(comm=...)); gloo: "
+                                      "spark_hvd's own transport (the default)"),
     # Set by horovodrun / Horovod's Gloo launcher for each rank; read when the job is discovered.
     **{name: HorovodVariable(BOOTSTRAP, "set by horovodrun for each rank")
        for name in ("RANK", "SIZE", "LOCAL_RANK", "LOCAL_SIZE", "CROSS_RANK", "CROSS_SIZE",

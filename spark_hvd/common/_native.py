@@ -51,6 +51,10 @@ class InitOptions(ctypes.Structure):
         ("autotune_gaussian_process_noise", ctypes.c_double),
         ("autotune_fixed", ctypes.c_int32),
         ("peer_timeout_seconds", ctypes.c_double),
+        # MPI backend (see _mpi).
+        ("cpu_operations", ctypes.c_int32),
+        ("mpi_comm", ctypes.c_int64),
+        ("mpi_plugin", ctypes.c_char_p),
     ]
 
 

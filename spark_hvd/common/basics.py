@@ -11,7 +11,7 @@ import ctypes
 import shutil
 import threading
 
-from . import _bootstrap, _config, _ops
+from . import _bootstrap, _config, _mpi, _ops
 from . import process_sets as _process_sets
 from ._native import check, lib, require_init
 
@@ -23,10 +23,12 @@ def init(comm=None, process_sets=None):
     """Starts spark_hvd in this process and connects it to the other ranks of the job.
 
     Args:
-        comm: optional mpi4py communicator (or a list of ranks, Horovod-style, is rejected with
-            a clear error) whose processes form the job; by default the job is described by the
-            environment set by ``spark-hvd-run``, ``mpirun`` or ``spark_hvd.spark.run``, and a
-            process started on its own is a job of size 1.
+        comm: optional mpi4py communicator whose processes form the job, or (as in Horovod)
+            a list of ``MPI_COMM_WORLD`` ranks whose communicator does (only those ranks call
+            ``init``); by default the job is described by the environment set by
+            ``spark-hvd-run``, ``mpirun`` or ``spark_hvd.spark.run``, and a process started on
+            its own is a job of size 1. With ``HOROVOD_CPU_OPERATIONS=MPI`` the CPU
+            collectives of a job bootstrapped through MPI move their data through MPI.
         process_sets: static process sets (:class:`ProcessSet` objects or lists of ranks) that
             are registered on every rank, in order; or ``"dynamic"`` (Horovod's value) to
             allow :func:`add_process_set` / :func:`remove_process_set` at run time, as
@@ -37,10 +39,9 @@ def init(comm=None, process_sets=None):
     with _lock:
         if lib.shvd_is_initialized():
             return
-        if comm is not None and isinstance(comm, (list, tuple)):
-            raise ValueError("init(comm=[ranks]) is not supported; pass an mpi4py communicator "
-                             "or use process_sets=[...] for subsets of ranks")
         config = _config.Config()
+        if comm is not None and isinstance(comm, (list, tuple)):
+            comm = _mpi.comm_from_ranks(comm)
         if isinstance(process_sets, str):
             if process_sets != "dynamic":
                 raise ValueError(f"init(process_sets={process_sets!r}): pass 'dynamic' or a "
@@ -65,6 +66,7 @@ def shutdown():
         # go (ops still in flight failed with "shut down before this collective completed").
         _ops.drop_orphans()
         _process_sets._stopped()
+        _mpi.stopped()
 
 
 atexit.register(shutdown)
@@ -172,18 +174,26 @@ def gloo_enabled():
 
 
 def mpi_built():
-    """MPI as a data transport is not built in this version (mpirun still works for launch)."""
-    return False
+    """True when spark_hvd's MPI plugin was built (where MPI's headers were installed) and
+    loads: CPU collectives can then run through MPI (``HOROVOD_CPU_OPERATIONS=MPI``)."""
+    return _mpi.plugin_built()
 
 
 def mpi_enabled():
-    """False: MPI is not used as a transport (mpirun can still launch jobs)."""
-    return False
+    """True while this job's CPU collectives move their data through MPI
+    (``HOROVOD_CPU_OPERATIONS=MPI`` in a job bootstrapped through MPI); negotiation is always
+    spark_hvd's own. False before init and with the default transport."""
+    return is_initialized() and _mpi.enabled()
 
 
 def mpi_threads_supported():
-    """False: MPI is not used as a transport."""
-    return False
+    """Whether MPI runs at MPI_THREAD_MULTIPLE, so that the script may make MPI calls of its
+    own (mpi4py) while spark_hvd's collectives run through MPI. As in Horovod, a ValueError
+    unless :func:`mpi_enabled`."""
+    if not mpi_enabled():
+        raise ValueError("spark_hvd's MPI operations are not enabled (HOROVOD_CPU_OPERATIONS="
+                         "MPI in a job started by mpirun or init(comm=...))")
+    return _mpi.threads_supported()
 
 
 def nccl_built():

@@ -37,6 +37,19 @@ def _core_answers() -> tuple[dict[str, bool | None], str | None]:
     return answers, None
 
 
+def _mpi_note(built: bool | None) -> str:
+    """How MPI operations are turned on, or why they cannot be."""
+    if built:
+        return " (HOROVOD_CPU_OPERATIONS=MPI in jobs started by mpirun or init(comm=...))"
+    if built is None:
+        return ""
+    try:
+        from spark_hvd.common import _mpi
+        return f" ({_mpi.plugin_problem()})"
+    except Exception:  # the core itself did not load: reported below
+        return ""
+
+
 def _mark(value: bool | None) -> str:
     return {True: "[X]", False: "[ ]", None: "[?]"}[value]
 
@@ -60,14 +73,17 @@ def check_build_report() -> str:
         "",
         "Available controllers:",
         f"    {_mark(core['tcp_built'])} TCP (Gloo-compatible, the default)",
-        f"    {_mark(mpi)} MPI",
+        # Negotiation is always our own; mpirun jobs only meet through mpi4py.
+        f"    {_mark(False)} MPI (jobs started by mpirun meet through mpi4py, then negotiate "
+        "over TCP)",
         "",
         "Available tensor operations:",
         f"    {_mark(core['tcp_built'])} TCP / shared memory",
         f"    {_mark(core['nccl_built'])} NCCL",
-        f"    {_mark(mpi)} MPI",
+        f"    {_mark(mpi)} MPI{_mpi_note(mpi)}",
         "",
         f"mpirun on PATH: {'yes' if shutil.which('mpirun') else 'no'}",
+        f"mpi4py importable: {'yes' if _has_module('mpi4py') else 'no'}",
     ]
     if problem is not None:
         lines.append(f"native core: not loadable ({problem}); [?] marks what it would answer")
