@@ -54,13 +54,15 @@ def broadcast_parameters(params, root_rank, prefix=None, process_set=global_proc
 class _TensorSlot:
     """Stands for the ``index``-th tensor of a broadcast optimizer state."""
 
-    __slots__ = ("index", "shape", "dtype")
+    __slots__ = ("index", "shape", "dtype", "cuda")
 
-    def __init__(self, index, shape, dtype):
-        self.index, self.shape, self.dtype = index, shape, dtype
+    def __init__(self, index, shape, dtype, cuda=False):
+        # cuda: the root's tensor is on a GPU, so every rank receives it into one (the core
+        # wants the same kind of memory on every rank); the others use their current device.
+        self.index, self.shape, self.dtype, self.cuda = index, shape, dtype, cuda
 
     def __reduce__(self):
-        return _TensorSlot, (self.index, self.shape, self.dtype)
+        return _TensorSlot, (self.index, self.shape, self.dtype, self.cuda)
 
 
 def _split_tensors(value, tensors):
@@ -68,7 +70,7 @@ def _split_tensors(value, tensors):
     ``tensors``): the skeleton travels by pickle, the tensors by broadcast."""
     if isinstance(value, torch.Tensor):
         tensors.append(value)
-        return _TensorSlot(len(tensors) - 1, tuple(value.shape), value.dtype)
+        return _TensorSlot(len(tensors) - 1, tuple(value.shape), value.dtype, value.is_cuda)
     if isinstance(value, dict):
         return {k: _split_tensors(v, tensors) for k, v in value.items()}
     if isinstance(value, list):
@@ -155,7 +157,8 @@ def broadcast_optimizer_state(optimizer, root_rank, prefix="Parameter.",
         slots = []
         _collect_slots(skeleton, slots)
         slots.sort(key=lambda s: s.index)
-        tensors = [torch.empty(s.shape, dtype=s.dtype) for s in slots]
+        tensors = [torch.empty(s.shape, dtype=s.dtype, device=_receiving_device(s))
+                   for s in slots]
     names = [f"{prefix}{base}.{i}" for i in range(len(tensors))]
     if tensors:
         synchronize(_broadcast_many_([_wire(t) for t in tensors], root_rank, names,
@@ -163,6 +166,12 @@ def broadcast_optimizer_state(optimizer, root_rank, prefix="Parameter.",
     if me == root_rank:
         return
     _apply_state(optimizer, _join_tensors(skeleton, tensors))
+
+
+def _receiving_device(slot):
+    if slot.cuda and torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")  # a rank without CUDA: the core names the mismatch
 
 
 def _zero_missing_grads(optimizer):
