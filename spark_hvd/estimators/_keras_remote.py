@@ -307,12 +307,19 @@ class _BatchStream:
         return dataset.prefetch(prefetch) if prefetch > 0 else dataset
 
 
-def _select_devices(tf, use_gpu: bool, local_rank: int) -> None:
+def _select_devices(tf, hvd, use_gpu: bool) -> None:
+    """With ``use_gpu``, TensorFlow sees one GPU: ``local_rank % visible GPUs``, one that Spark
+    gave the task (see ``spark.run``); without, none. No GPU: the CPU, with one line from rank
+    0 if ranks given GPUs fell back. Every rank calls it (a collective with ``use_gpu``)."""
+    from . import _training
     gpus = tf.config.list_physical_devices("GPU")
+    _training.note_cpu_fallback(hvd, use_gpu, bool(gpus),
+                                "TensorFlow lists no GPU (a CPU-only build of TensorFlow, or no "
+                                "CUDA driver on the executors)")
     if not gpus:
         return
     if use_gpu:
-        gpu = gpus[local_rank % len(gpus)]
+        gpu = gpus[hvd.local_rank() % len(gpus)]
         tf.config.set_visible_devices([gpu], "GPU")
         tf.config.experimental.set_memory_growth(gpu, True)
     else:
@@ -379,7 +386,7 @@ def train_on_rank(config, resume):
 
     hvd.init()
     rank, size = hvd.rank(), hvd.size()
-    _select_devices(tf, config["use_gpu"], hvd.local_rank())
+    _select_devices(tf, hvd, config["use_gpu"])
     keras.utils.set_random_seed(config["random_seed"])
 
     spec = cloudpickle.loads(config["keras"])

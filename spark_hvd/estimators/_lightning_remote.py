@@ -242,6 +242,8 @@ def train_on_rank(config, resume):
 
     use_gpu = config["num_gpus"] if config["num_gpus"] is not None else \
         int(config["use_gpu"] and torch.cuda.is_available())
+    _training.note_cpu_fallback(hvd, config["use_gpu"] and config["num_gpus"] is None,
+                                bool(use_gpu), _training.TORCH_NO_CUDA)
     if use_gpu and not torch.cuda.is_available():
         raise RuntimeError(f"num_gpus={config['num_gpus']} but rank {rank} sees no CUDA "
                            f"device")

@@ -140,6 +140,22 @@ def _import_dynamo():
         pass
 
 
+def select_device(torch, hvd, use_gpu: bool):
+    """The rank's device: with ``use_gpu`` and CUDA available, ``cuda:<local_rank % visible
+    GPUs>``, which ``spark.run``'s binding makes one of the GPUs Spark gave the task (its own
+    when it has one GPU); else the CPU, with one line from rank 0 if ranks given GPUs fell back
+    (see :func:`_training.note_cpu_fallback`). Every rank calls it (a collective with
+    ``use_gpu``)."""
+    from spark_hvd.estimators import _training
+    on_gpu = use_gpu and torch.cuda.is_available()
+    _training.note_cpu_fallback(hvd, use_gpu, on_gpu, _training.TORCH_NO_CUDA)
+    if not on_gpu:
+        return torch.device("cpu")
+    device = torch.device("cuda", hvd.local_rank() % torch.cuda.device_count())
+    torch.cuda.set_device(device)
+    return device
+
+
 def train_on_rank(config, resume):
     """What each rank runs (through ``spark.run``): train, checkpoint, report; rank 0 returns
     the final weights and the history."""
@@ -163,10 +179,7 @@ def train_on_rank(config, resume):
     seed = config["random_seed"]
     torch.manual_seed(seed)
     np.random.seed(seed % 2**32)
-    device = torch.device("cpu")
-    if config["use_gpu"] and torch.cuda.is_available():
-        device = torch.device("cuda", hvd.local_rank() % torch.cuda.device_count())
-        torch.cuda.set_device(device)
+    device = select_device(torch, hvd, config["use_gpu"])
 
     model = cloudpickle.loads(config["model"]).to(device)
     optimizer = _rebuild_optimizer(config["optimizer"], model)

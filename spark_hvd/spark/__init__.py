@@ -30,9 +30,19 @@ def run(fn, args=(), kwargs=None, num_proc=None, start_timeout=None, use_mpi=Non
     Each rank runs in its own Spark barrier task (all ``num_proc`` start together), in a child
     Python process with a clean environment; ``fn`` calls ``hvd.init()`` itself, as in any
     spark_hvd or Horovod script. Ranks are host-major over the executors (``local_rank`` counts
-    the tasks of one executor); a task given GPUs by Spark's resource scheduling sees those
-    GPUs (``CUDA_VISIBLE_DEVICES``), ordered so that device ``hvd.local_rank()`` is its own
-    when each task has one GPU; a task without a GPU resource sees none.
+    the tasks of one executor).
+
+    GPUs: a task given GPUs by Spark's resource scheduling (``spark.task.resource.gpu.amount``
+    and the executors' ``spark.executor.resource.gpu.*``) passes them to its rank as
+    ``CUDA_VISIBLE_DEVICES``, and its own addresses as ``SPARK_HVD_SPARK_GPUS``. When every
+    task of an executor has one GPU of its own, all of the executor's GPUs are visible in
+    local-rank order, so ``torch.cuda.set_device(hvd.local_rank())`` selects the task's own;
+    with several GPUs per task, only the task's own are visible, renumbered from 0. Tasks
+    may share a GPU (a fractional amount such as 0.5: two tasks per GPU, e.g. on a one-GPU
+    workstation): each then sees only its GPU, as device 0, and the driver shows one line
+    naming the ranks that share; ``hvd.local_rank() % torch.cuda.device_count()`` selects the
+    task's own device in every case. A task without a GPU resource leaves
+    ``CUDA_VISIBLE_DEVICES`` as the executor has it (set or not).
 
     Args:
         fn: the function each rank runs; it and its arguments are pickled with cloudpickle.
@@ -66,7 +76,8 @@ def run(fn, args=(), kwargs=None, num_proc=None, start_timeout=None, use_mpi=Non
 
     Raises:
         RunError: a rank failed (the message names it and holds its traceback; every other
-            rank is stopped first), the cluster has too few task slots, the tasks did not
+            rank is stopped first), the cluster has too few task slots (GPUs count: with
+            ``spark.task.resource.gpu.amount=1`` a job needs a GPU per rank), the tasks did not
             start in time, or the cluster has TLS on (``spark.ssl.enabled``): the ranks'
             traffic is authenticated but not encrypted, so ``run`` refuses unless the Spark
             configuration ``spark.spark_hvd.allowUnencrypted=true`` or the environment

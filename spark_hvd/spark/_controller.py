@@ -349,11 +349,15 @@ class RunController:
         master = _session.master(spark)
         waited = "" if _session.is_local_master(spark) else \
             f" after waiting {self.start_timeout:g} s (start_timeout)"
+        gpus = _session.conf(spark, "spark.task.resource.gpu.amount")
+        per_task = f", spark.task.resource.gpu.amount={gpus}" if gpus else ""
         raise RunError(
             f"spark_hvd.spark.run(num_proc={self.num_proc}) runs {self.num_proc} Spark tasks at "
             f"once (barrier mode), but the cluster offers {slots} task slot(s){waited} "
-            f"(master {master}, spark.task.cpus={_session.task_cpus(spark)}). Lower num_proc, "
-            "or give the application more executors or cores"
+            f"(master {master}, spark.task.cpus={_session.task_cpus(spark)}{per_task}). Lower "
+            "num_proc, or give the application more executors or cores"
+            + (" or GPUs (a fractional spark.task.resource.gpu.amount, e.g. 0.5, lets tasks "
+               "share one)" if gpus else "")
             + ("." if _session.is_local_master(spark)
                else ", or raise start_timeout if executors are still starting."))
 

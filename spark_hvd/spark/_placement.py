@@ -59,27 +59,61 @@ def host_id(address: str) -> str:
     return re.sub(r"\s+", "_", address) or "executor"
 
 
-_GPU_ADDRESS = re.compile(r"^(0|[1-9][0-9]*)$")
+# What CUDA_VISIBLE_DEVICES takes: a device index, or a GPU / MIG instance UUID (the form
+# `nvidia-smi -L` prints, which some discovery scripts report).
+_GPU_ADDRESS = re.compile(r"^(0|[1-9][0-9]*|(GPU|MIG)-[0-9A-Za-z][0-9A-Za-z/_-]*)$")
 
 
 def visible_devices(my_gpus: list[str], host_gpus: list[list[str]]) -> str:
-    """``CUDA_VISIBLE_DEVICES`` for one task.
+    """``CUDA_VISIBLE_DEVICES`` for one task, from Spark's GPU addresses.
 
-    ``host_gpus`` lists the GPU addresses of every task on this task's host in local-rank order.
-    When every task there owns exactly one GPU, all of them are visible in local-rank order, so
-    Horovod's ``torch.cuda.set_device(hvd.local_rank())`` picks this task's own GPU and CUDA
-    peer-to-peer between the host's ranks works. Otherwise (several GPUs per task) only the
-    task's own GPUs are visible, and it addresses them from 0.
+    ``my_gpus`` are the task's own addresses (``BarrierTaskContext.resources()['gpu']``) and
+    ``host_gpus`` lists the addresses of every task on this task's host (its executor) in
+    local-rank order, this task's included. The rules, so that the device a rank selects is
+    always one Spark gave its task:
+
+    - every task of the host holds exactly one GPU, no two the same
+      (``spark.task.resource.gpu.amount=1``): all of the host's GPUs are visible, in
+      local-rank order, so Horovod's ``torch.cuda.set_device(hvd.local_rank())`` selects the
+      task's own GPU and CUDA peer-to-peer between the host's ranks still works;
+    - anything else (several GPUs per task, or GPUs shared because the amount is a fraction
+      such as 0.5): only the task's own GPUs are visible, renumbered from 0. A task sharing
+      its GPU sees that one GPU as device 0; ``hvd.local_rank() % torch.cuda.device_count()``
+      selects the task's own device in every case (the estimators use it).
+
+    Raises ValueError for an address CUDA cannot take (neither an index nor a ``GPU-`` /
+    ``MIG-`` UUID): a discovery script that reports something else.
     """
     for a in my_gpus:
         if not _GPU_ADDRESS.match(a):
             raise ValueError(f"GPU address {a!r} from Spark's resources is not a CUDA device "
-                             "index (check the executors' GPU discovery script)")
+                             "index or UUID (check the executors' GPU discovery script)")
     if host_gpus and all(len(g) == 1 for g in host_gpus):
         ordered = [g[0] for g in host_gpus]
         if len(set(ordered)) == len(ordered):
             return ",".join(ordered)
     return ",".join(my_gpus)
+
+
+def shared_gpus(tasks: list[tuple[str, int, list[str]]]) -> list[tuple[str, str, list[int]]]:
+    """The GPUs that several tasks of one executor hold (fractional
+    ``spark.task.resource.gpu.amount``), from ``(executor, rank, addresses)`` of every task:
+    ``(executor, address, ranks)``, ranks ascending, in order of their lowest rank."""
+    holders: dict[tuple[str, str], list[int]] = {}
+    for executor, rank, addresses in tasks:
+        for a in addresses:
+            holders.setdefault((executor, a), []).append(rank)
+    shared = [(e, a, sorted(r)) for (e, a), r in holders.items() if len(r) > 1]
+    return sorted(shared, key=lambda s: s[2][0])
+
+
+def sharing_note(shared: list[tuple[str, str, list[int]]]) -> str:
+    """The one line the driver shows when ranks share GPUs (see :func:`shared_gpus`)."""
+    where = "; ".join(f"GPU {a} of executor {e} by ranks {', '.join(map(str, r))}"
+                      for e, a, r in shared)
+    return (f"ranks share GPUs ({where}): spark.task.resource.gpu.amount is below 1. Each of "
+            "them sees only its GPU, as device 0: select it with torch.cuda.set_device("
+            "hvd.local_rank() % torch.cuda.device_count()), not hvd.local_rank() alone")
 
 
 def parse_master_slots(master: str, task_cpus: int = 1, cpu_count: int | None = None) \

@@ -59,6 +59,9 @@ _WORKER_ONLY = ("PYTHON_WORKER_FACTORY_SECRET", "PYTHON_WORKER_FACTORY_PORT",
                 "SPARK_REUSE_WORKER", "SPARK_BUFFER_SIZE")
 _KILL_GRACE_SECONDS = 3.0
 _STDERR_TAIL_LINES = 30
+# The rank's own GPU addresses as Spark gave them to its task (``resources()['gpu']``), comma
+# separated; unset when the task has no GPU resource (Horovod's ``get_available_devices()``).
+SPARK_GPUS_ENV = "SPARK_HVD_SPARK_GPUS"
 
 
 class TaskSpec:
@@ -153,23 +156,32 @@ class _RankTask:
         self.returned = None    # "rank R" once some rank returned from fn
         self.finished = False
         self.heartbeat_stop = threading.Event()
+        self.gpu_note = None    # rank 0's: which ranks share a GPU, for the driver
         self.channel = TaskChannel(spec.channel_addr, spec.secret, spec.job_id, self.rank)
 
     # -- set-up -------------------------------------------------------------------------------
 
     def _gpu_env(self) -> dict[str, str]:
-        """CUDA_VISIBLE_DEVICES from Spark's GPU scheduling (no GPU resource: CPU only)."""
-        resources = self.ctx.resources()
-        gpu = resources.get("gpu")
+        """The rank's GPU binding from Spark's GPU scheduling: ``CUDA_VISIBLE_DEVICES`` (see
+        :func:`_placement.visible_devices`) and the task's own Spark addresses in
+        ``SPARK_HVD_SPARK_GPUS``. A task without a GPU resource changes nothing: the rank sees
+        the executor's ``CUDA_VISIBLE_DEVICES`` (set or not) as any process there would.
+        Rank 0's task also keeps the note about GPUs that ranks share, for the driver."""
+        gpu = self.ctx.resources().get("gpu")
         if gpu is None:
-            return {"CUDA_VISIBLE_DEVICES": ""}
+            return {}
         mine = list(gpu.addresses)
         # Every task of the stage has the same resource profile, so either all of them have
         # a GPU resource and take part in this round, or none does.
         gathered = [json.loads(m) for m in self.ctx.allGather(
             json.dumps({"a": self.address, "r": self.rank, "g": mine}))]
         host = sorted((m["r"], m["g"]) for m in gathered if m["a"] == self.address)
-        return {"CUDA_VISIBLE_DEVICES": _placement.visible_devices(mine, [g for _, g in host])}
+        if self.rank == 0:
+            shared = _placement.shared_gpus([(m["a"], m["r"], m["g"]) for m in gathered])
+            if shared:
+                self.gpu_note = _placement.sharing_note(shared)
+        return {"CUDA_VISIBLE_DEVICES": _placement.visible_devices(mine, [g for _, g in host]),
+                SPARK_GPUS_ENV: ",".join(mine)}
 
     def _child_env(self, rendezvous_addr: str, bind_addr: str) -> dict[str, str]:
         # The executor's environment (spark.executorEnv.* included), less Spark's worker
@@ -217,6 +229,8 @@ class _RankTask:
         # and exec, which must not wait for a lock that another thread held at the fork.
         self.proc = spawn(self.rank, self.address, command, env, os.getcwd(), remote=False)
         self.channel.start()
+        if self.gpu_note and self.spec.verbose >= 1:
+            self.channel.log(self.gpu_note)
         if self.spec.verbose >= 2:
             self.channel.log(f"rank {self.rank}: pid {self.proc.popen.pid} on executor "
                              f"{self.address}, listening on {bind_addr}")
