@@ -2,7 +2,8 @@
 
 `pip install .` and `pip install -e .` both run build_py, which here first runs build.py to produce
 spark_hvd/_core/libspark_hvd_core.so (and libspark_hvd_tf.so / libspark_hvd_torch.so when
-TensorFlow / torch is importable; in the source tree, so an editable install sees it too), then
+TensorFlow / torch is importable, and the MPI plugin libspark_hvd_mpi.so where mpicxx finds MPI;
+in the source tree, so an editable install sees it too), then
 copies it into the wheel as package data (SPARK_HVD_SKIP_NATIVE_BUILD=1 skips the build,
 SPARK_HVD_DEBUG_BUILD=1 builds -O0 -g). The library is a ctypes-loaded C ABI object, independent
 of the Python version, so the wheel is tagged py3-none-<platform>.
@@ -36,6 +37,8 @@ class build_py(_build_py):
             for framework in native_build.FRAMEWORK_LIBRARIES:
                 if core is not None:  # each skipped (with a note) when it is not importable
                     native_build.build_framework_library(framework, core, debug=debug)
+            if core is not None:  # skipped (with a note) where mpicxx finds no MPI
+                native_build.build_mpi_plugin(core, debug=debug)
         except native_build.BuildError as e:
             raise SystemExit(f"[build] ERROR: {e}")
         super().run()

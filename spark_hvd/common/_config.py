@@ -330,7 +330,8 @@ HOROVOD_VARIABLES = {
     "CCL_CACHE": HorovodVariable(NO_EFFECT, "oneCCL is not supported"),
     "SPARK_USE_LOCAL_RANK_GPU_INDEX": HorovodVariable(
         NO_EFFECT, "spark_hvd.spark.run always orders a task's CUDA_VISIBLE_DEVICES so that "
-        "device hvd.local_rank() is its own"),
+        "device hvd.local_rank() % torch.cuda.device_count() is one of its own "
+        "(hvd.local_rank() itself when each task has one GPU)"),
     # Not implemented: a warning once per process when set.
     "TORUS_ALLREDUCE": HorovodVariable(WARNED, _TORUS, flag=True),
     "ELASTIC": HorovodVariable(WARNED, _ELASTIC, flag=True),

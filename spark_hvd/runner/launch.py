@@ -12,7 +12,10 @@ from __future__ import annotations
 import argparse
 import os
 import secrets
+import shlex
+import shutil
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -33,8 +36,6 @@ from spark_hvd.runner import _env
 PROG = "spark-hvd-run"
 LOG_LEVELS = ("TRACE", "DEBUG", "INFO", "WARNING", "ERROR", "FATAL")  # Horovod's, low to high
 DEFAULT_LOG_LEVEL = "WARNING"
-MPI_UNSUPPORTED = (f"{PROG}: MPI support is not built in this version; use the default TCP "
-                   "transport (--gloo)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -83,7 +84,11 @@ def build_parser() -> argparse.ArgumentParser:
     transport = p.add_mutually_exclusive_group()
     transport.add_argument("--gloo", action="store_true",
                            help="use the built-in TCP/shared-memory transport (the default)")
-    transport.add_argument("--mpi", action="store_true", help="use MPI (not available)")
+    transport.add_argument("--mpi", action="store_true",
+                           help="start the ranks with Open MPI's mpirun and run CPU "
+                           "collectives through MPI (needs mpi4py and the MPI plugin)")
+    p.add_argument("--mpi-args", metavar="ARGS",
+                   help="with --mpi: extra arguments for mpirun, e.g. \"--mca btl self,vader,tcp\"")
     tuning = p.add_argument_group("tuning (passed to the ranks as SPARK_HVD_* variables)")
     tuning.add_argument("--timeline-filename", metavar="FILE",
                         help="write a Chrome-trace timeline of all tensor operations to FILE")
@@ -328,9 +333,6 @@ def main(argv: list[str] | None = None) -> int:
         from spark_hvd.runner._check_build import check_build_report
         print(check_build_report())
         return 0
-    if args.mpi:
-        print(MPI_UNSUPPORTED, file=sys.stderr)
-        return 2
     elastic = [name for name, value in vars(args).items()
                if name.startswith("elastic_") and value is not None]
     if elastic:
@@ -360,6 +362,8 @@ def main(argv: list[str] | None = None) -> int:
     for note in notes:
         if log_enabled(threshold, "WARNING"):
             print(f"{PROG}: {note}", file=sys.stderr)
+    if args.mpi:
+        return _run_under_mpirun(args, command)
     try:
         slots = plan_hosts(args)
         start_timeout = _start_timeout(args)
@@ -370,6 +374,52 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return 2
     return _Job(args, command, slots, start_timeout, interface_ip, threshold).run()
+
+
+def mpirun_command(args: argparse.Namespace, command: list[str],
+                   slots: list[_hosts.SlotInfo]) -> tuple[list[str], dict[str, str]]:
+    """``spark-hvd-run --mpi``: the ``mpirun`` command line and its environment. The ranks meet
+    through mpi4py (as under any mpirun) and run their CPU collectives through MPI
+    (``SPARK_HVD_CPU_OPERATIONS=MPI`` unless the user chose otherwise); the tuning flags travel
+    as the same variables as without ``--mpi``, exported to every host with ``-x``."""
+    mpirun = shutil.which("mpirun")
+    if mpirun is None:
+        raise ValueError("--mpi needs Open MPI's mpirun on PATH (Debian/Ubuntu: apt install "
+                         "openmpi-bin libopenmpi-dev; and pip install mpi4py), or run without "
+                         "--mpi")
+    env = dict(os.environ)
+    env.update(_env.config_env(args))
+    if not any(env.get(v) for v in ("SPARK_HVD_CPU_OPERATIONS", "HOROVOD_CPU_OPERATIONS")):
+        env["SPARK_HVD_CPU_OPERATIONS"] = "MPI"
+    per_host: dict[str, int] = {}
+    for s in slots:
+        per_host[s.hostname] = per_host.get(s.hostname, 0) + 1
+    cmd = [mpirun, "-np", str(len(slots)),
+           "-H", ",".join(f"{h}:{n}" for h, n in per_host.items()),
+           "--bind-to", "none", "--map-by", "slot"]
+    if os.geteuid() == 0:
+        cmd.append("--allow-run-as-root")
+    rsh = []
+    if args.ssh_port:
+        rsh += ["-p", str(args.ssh_port)]
+    if args.ssh_identity_file:
+        rsh += ["-i", args.ssh_identity_file]
+    if rsh:
+        cmd += ["--mca", "plm_rsh_args", " ".join(rsh)]
+    cmd += shlex.split(args.mpi_args or "")
+    for name in sorted(env):
+        if name.startswith(("SPARK_HVD_", "HOROVOD_")) or name in ("PYTHONPATH", "PATH"):
+            cmd += ["-x", name]
+    return cmd + list(command), env
+
+
+def _run_under_mpirun(args: argparse.Namespace, command: list[str]) -> int:
+    try:
+        cmd, env = mpirun_command(args, command, plan_hosts(args))
+    except ValueError as e:
+        print(f"{PROG}: error: {e}", file=sys.stderr)
+        return 2
+    return subprocess.call(cmd, env=env)
 
 
 class _Job:
