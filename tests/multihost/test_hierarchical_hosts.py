@@ -1,7 +1,7 @@
 """Hierarchical allreduce and allgather between the bed's hosts (2 network namespaces x 2 ranks,
 started by ``spark-hvd-run`` over ssh): exact and bitwise equal results with the path forced on,
-and, with each host's egress limited to 2 Gbit/s, a large allreduce faster hierarchical than
-flat (each host sends half the bytes across instead of three quarters)."""
+and that a large allreduce sends about 2/3 of the flat ring's bytes across hosts (each host
+sends half its bytes across instead of three quarters)."""
 
 from __future__ import annotations
 
@@ -58,13 +58,23 @@ def test_results_exact_and_equal_across_hosts(bed2_2gbit_sshd, tmp_path):
 
 
 @pytest.mark.timeout(150)
-def test_hierarchical_beats_flat_on_a_limited_link(bed2_2gbit_sshd):
-    """32 MiB float32 allreduces, 5 timed each way: the hierarchical median is below the flat
-    ring's (about 1.3x faster on this 2-core machine; the wire alone would allow 1.5x)."""
-    medians = {}
+def test_hierarchical_sends_fewer_bytes_across_hosts(bed2_2gbit_sshd):
+    """32 MiB float32 allreduces, the same run each way: what the hosts' links carried (their
+    eth0 transmit counters; ranks of one host talk through shared memory). A flat ring over the
+    4 ranks puts 3/4 of each rank's share on a cross-host link, hierarchical 1/2 (each host
+    sends half the bytes across instead of three quarters): about 2/3. How much faster that is
+    at 2 Gbit/s is measured by benchmarks/multihost.py, not asserted here."""
+    bed, _ = bed2_2gbit_sshd
+    sent = {}
     for flag in ("--hierarchical-allreduce", "--no-hierarchical-allreduce"):
-        done = _run(bed2_2gbit_sshd, [flag], "time", "32", "5")
-        times = [float(m.group(1)) for m in map(_TIME.match, done.stdout.splitlines()) if m]
-        assert len(times) == 1, done.stdout
-        medians[flag] = times[0]
-    assert medians["--hierarchical-allreduce"] < medians["--no-hierarchical-allreduce"], medians
+        before = _cross_host_bytes(bed)
+        _run(bed2_2gbit_sshd, [flag], "time", "32", "5")
+        sent[flag] = _cross_host_bytes(bed) - before
+    ratio = sent["--hierarchical-allreduce"] / sent["--no-hierarchical-allreduce"]
+    assert 0.55 < ratio < 0.8, sent
+
+
+def _cross_host_bytes(bed) -> int:
+    """Bytes every host has sent on its link to the others so far."""
+    return sum(int(bed.run(h, ["cat", "/sys/class/net/eth0/statistics/tx_bytes"]).stdout)
+               for h in bed.hosts)
