@@ -46,17 +46,26 @@ def test_mpi_flag_runs_cpu_collectives_through_mpi():
 
 
 @needs_mpirun
-def test_mpi_flag_passes_the_tuning_flags_and_the_choice_of_mpi():
-    code = ("import os; print('ENV', os.environ.get('OMPI_COMM_WORLD_RANK'), "
-            "os.environ.get('SPARK_HVD_FUSION_THRESHOLD'), "
-            "os.environ.get('SPARK_HVD_CPU_OPERATIONS'))")
-    p = _launch("--mpi", "-np", "2", "--fusion-threshold-mb", "1", PY, "-c", code)
+def test_mpi_flag_passes_the_tuning_flags_and_the_choice_of_mpi(tmp_path):
+    # Each rank writes its own file: mpirun interleaves the ranks' output mid-line.
+    code = ("import os; r = os.environ['OMPI_COMM_WORLD_RANK']; "
+            "open(os.path.join(os.environ['OUT_DIR'], r), 'w').write("
+            "f\"{r} {os.environ.get('SPARK_HVD_FUSION_THRESHOLD')} "
+            "{os.environ.get('SPARK_HVD_CPU_OPERATIONS')}\")")
+
+    def seen(out_dir):
+        return sorted(f.read_text() for f in out_dir.iterdir())
+    (tmp_path / "a").mkdir()
+    p = _launch("--mpi", "-np", "2", "--fusion-threshold-mb", "1", PY, "-c", code,
+                env=_env(OUT_DIR=str(tmp_path / "a")))
     assert p.returncode == 0, p.stdout + p.stderr
-    lines = sorted(line for line in p.stdout.splitlines() if line.startswith("ENV"))
-    assert lines == ["ENV 0 1048576 MPI", "ENV 1 1048576 MPI"], p.stdout + p.stderr
+    assert seen(tmp_path / "a") == ["0 1048576 MPI", "1 1048576 MPI"], p.stdout + p.stderr
     # A choice the user made stays.
-    p = _launch("--mpi", "-np", "1", PY, "-c", code, env=_env(HOROVOD_CPU_OPERATIONS="gloo"))
-    assert "ENV 0 None None" in p.stdout, p.stdout + p.stderr
+    (tmp_path / "b").mkdir()
+    p = _launch("--mpi", "-np", "1", PY, "-c", code,
+                env=_env(OUT_DIR=str(tmp_path / "b"), HOROVOD_CPU_OPERATIONS="gloo"))
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert seen(tmp_path / "b") == ["0 None None"], p.stdout + p.stderr
 
 
 def test_mpi_flag_without_mpirun_is_a_clear_error(tmp_path):
