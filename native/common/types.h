@@ -59,6 +59,13 @@ static_assert(int(ReduceOp::kAverage) == SHVD_REDUCE_AVERAGE &&
               "ReduceOp must equal the SHVD_REDUCE_* codes of spark_hvd.h");
 
 size_t dtype_size(DataType t);
+
+// Elements of a tensor of `shape` (1 for a scalar), or of its dimensions from `from` on (a row).
+inline int64_t num_elements(const std::vector<int64_t>& shape, size_t from = 0) {
+  int64_t n = 1;
+  for (size_t i = from; i < shape.size(); ++i) n *= shape[i];
+  return n;
+}
 const char* dtype_name(DataType t);
 const char* reduce_op_name(ReduceOp op);
 

@@ -6,16 +6,6 @@
 
 namespace shvd {
 
-namespace {
-
-int64_t num_elements(const std::vector<int64_t>& shape) {
-  int64_t n = 1;
-  for (int64_t d : shape) n *= d;
-  return n;
-}
-
-}  // namespace
-
 Coordinator::Coordinator(int world_size, ProcessSets* sets, ResponseCache* cache,
                          CoordinatorOptions options)
     : world_size_(world_size),

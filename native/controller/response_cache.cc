@@ -45,9 +45,7 @@ void ResponseCache::remember_answers(const Response& resp, const ProcessSets& se
     r.on_gpu = resp.on_gpu;
     r.cache_ids = {id};
     a.members = members;
-    size_t elements = 1;
-    for (int64_t d : resp.shapes[i]) elements *= size_t(d);
-    a.bytes = elements * dtype_size(resp.dtype);
+    a.bytes = size_t(num_elements(resp.shapes[i])) * dtype_size(resp.dtype);
   }
 }
 

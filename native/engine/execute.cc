@@ -13,12 +13,6 @@ namespace shvd {
 
 namespace {
 
-int64_t num_elements(const std::vector<int64_t>& shape, size_t from = 0) {
-  int64_t n = 1;
-  for (size_t i = from; i < shape.size(); ++i) n *= shape[i];
-  return n;
-}
-
 // Runs `body` inside a timeline phase for every named tensor (no-op when not recording).
 template <typename F>
 void phase(Timeline& tl, const std::vector<std::string>& names, const char* what, F body) {

@@ -58,12 +58,6 @@ void release_event(int device, cudaEvent_t ev) {
   g_free_events[device].push_back(ev);
 }
 
-size_t elements(const std::vector<int64_t>& shape, size_t from = 0) {
-  size_t n = 1;
-  for (size_t i = from; i < shape.size(); ++i) n *= size_t(shape[i]);
-  return n;
-}
-
 // NCCL's type for a reduction of `t`; -1 where NCCL has none (16-bit integers).
 int nccl_type(DataType t) {
   switch (t) {
@@ -389,7 +383,8 @@ void GpuPath::run_nccl(const Response& r, std::vector<Entry*>& entries, const Se
     case OpType::kAllreduce: {
       std::vector<size_t> counts;
       size_t total = 0;
-      for (const auto& shape : r.shapes) total += counts.emplace_back(elements(shape));
+      for (const auto& shape : r.shapes)
+        total += counts.emplace_back(size_t(num_elements(shape)));
       bool created = false;
       const ncclRedOp_t op = reduction(r, size, sc.comm, &created);
       if (entries.size() == 1 && entries[0]) {
@@ -423,14 +418,14 @@ void GpuPath::run_nccl(const Response& r, std::vector<Entry*>& entries, const Se
     }
     case OpType::kBroadcast: {
       Entry& e = *entries[0];
-      const size_t bytes = elements(e.request.shape) * esize;
+      const size_t bytes = size_t(num_elements(e.request.shape)) * esize;
       check_nccl(n.Broadcast(e.input, e.output, bytes, ncclUint8, r.root, sc.comm, s),
                  "ncclBroadcast");
       return;
     }
     case OpType::kAllgather: {
       Entry& e = *entries[0];
-      const size_t row_bytes = elements(e.request.shape, 1) * esize;
+      const size_t row_bytes = size_t(num_elements(e.request.shape, 1)) * esize;
       std::vector<size_t> bytes(size);
       size_t total = 0;
       bool even = true;
@@ -461,7 +456,7 @@ void GpuPath::run_nccl(const Response& r, std::vector<Entry*>& entries, const Se
     }
     case OpType::kAlltoall: {
       Entry& e = *entries[0];
-      const size_t row_bytes = elements(e.request.shape, 1) * esize;
+      const size_t row_bytes = size_t(num_elements(e.request.shape, 1)) * esize;
       std::vector<size_t> send(size), recv(size);
       size_t total = 0;
       HandleState& st = *e.state;
@@ -499,7 +494,7 @@ void GpuPath::run_nccl(const Response& r, std::vector<Entry*>& entries, const Se
       Entry& e = *entries[0];
       const auto& shape = e.request.shape;
       const int64_t rows = shape[0];
-      const size_t row_elems = elements(shape, 1);
+      const size_t row_elems = size_t(num_elements(shape, 1));
       std::vector<size_t> counts(size);
       bool even = true;
       for (int i = 0; i < size; ++i) {
@@ -547,7 +542,7 @@ void GpuPath::run_staged(const Response& r, std::vector<Entry*>& entries,
   for (size_t i = 0; i < entries.size(); ++i) {
     Entry* e = entries[i];
     if (!e) continue;
-    const size_t bytes = elements(e->request.shape) * esize;
+    const size_t bytes = size_t(num_elements(e->request.shape)) * esize;
     in[i].resize(std::max<size_t>(bytes, 1));
     out[i].resize(std::max<size_t>(bytes, 1));
     if (bytes)
@@ -567,7 +562,7 @@ void GpuPath::run_staged(const Response& r, std::vector<Entry*>& entries,
     if (!e) continue;
     HandleState& st = *e->state;
     if (r.op == OpType::kAllreduce || r.op == OpType::kBroadcast) {
-      const size_t bytes = elements(e->request.shape) * esize;
+      const size_t bytes = size_t(num_elements(e->request.shape)) * esize;
       if (bytes)
         check_cuda(c.MemcpyAsync(e->output, out[i].data(), bytes, cudaMemcpyHostToDevice,
                                  d.stream), "cudaMemcpyAsync (to device)");
