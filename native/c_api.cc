@@ -2,7 +2,6 @@
 // engine instance (init -> shutdown -> init again creates a fresh one).
 #include <algorithm>
 #include <chrono>
-#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <mutex>
@@ -341,14 +340,10 @@ int32_t shvd_init(const shvd_init_options* o) {
       eo.shm_group.single_copy_min_bytes = uint64_t(o->shm_single_copy_min_bytes);
     eo.shm_group.arenas = o->shm_arenas != 0;
     eo.shm_negotiation = o->shm_negotiation != 0;
-    if (const char* shared_gpu = std::getenv("SPARK_HVD_SHARED_GPU"); shared_gpu && *shared_gpu) {
-      const std::string v = shared_gpu;
-      if (v == "nccl" || v == "NCCL") eo.shared_gpu = gpu::SharedGpu::kNccl;
-      else if (v != "host" && v != "HOST")
-        return fail(SHVD_ERR_INVALID, "SPARK_HVD_SHARED_GPU=" + v + " is not a choice: use "
-                    "'host' (ranks sharing a GPU reduce CUDA tensors through host memory) or "
-                    "'nccl' (through NCCL's network transport)");
-    }
+    if (o->shared_gpu != SHVD_SHARED_GPU_HOST && o->shared_gpu != SHVD_SHARED_GPU_NCCL)
+      return fail(SHVD_ERR_INVALID, "unknown shared_gpu " + std::to_string(o->shared_gpu));
+    eo.shared_gpu = o->shared_gpu == SHVD_SHARED_GPU_NCCL ? gpu::SharedGpu::kNccl
+                                                          : gpu::SharedGpu::kHost;
     eo.hierarchical_allreduce = o->hierarchical_allreduce;
     eo.hierarchical_allgather = o->hierarchical_allgather;
     for (const PeerAddress& p : mo.peers) eo.host_ids.push_back(p.host_id);

@@ -118,7 +118,16 @@ typedef struct {
   int32_t cpu_operations;
   int64_t mpi_comm;
   const char* mpi_plugin;
+  /* What ranks of a process set that share one GPU do with CUDA tensors (NCCL refuses them):
+   * SHVD_SHARED_GPU_HOST (0) through host memory, SHVD_SHARED_GPU_NCCL (1) through NCCL with a
+   * host identity per rank (SPARK_HVD_SHARED_GPU). */
+  int32_t shared_gpu;
 } shvd_init_options;
+
+enum {
+  SHVD_SHARED_GPU_HOST = 0,
+  SHVD_SHARED_GPU_NCCL = 1,
+};
 
 /* shvd_init_options.cpu_operations (MPI backend). */
 enum {

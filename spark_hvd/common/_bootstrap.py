@@ -230,7 +230,8 @@ def start(config, comm=None, process_sets=(), rendezvous=None, placement=None, s
         autotune_bayes_opt_max_samples=config.autotune_bayes_opt_max_samples,
         autotune_gaussian_process_noise=config.autotune_gaussian_process_noise,
         autotune_fixed=config.autotune_fixed_bits(),
-        peer_timeout_seconds=config.peer_timeout, **mpi_options)
+        peer_timeout_seconds=config.peer_timeout, shared_gpu=config.shared_gpu,
+        **mpi_options)
     try:
         check(lib.shvd_init(opts))
     except HorovodInternalError as e:

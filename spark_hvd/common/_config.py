@@ -57,6 +57,9 @@ _OVERLAP = {"auto": -1, "1": 1, "true": 1, "on": 1, "yes": 1, "0": 0, "false": 0
             "no": 0}
 
 
+_SHARED_GPU = {"host": 0, "": 0, "nccl": 1}
+
+
 # HOROVOD_CPU_OPERATIONS, with Horovod's values in any case (it compares them with
 # strcasecmp): MPI moves CPU collectives' data through MPI (a job bootstrapped through MPI
 # only, see _mpi), gloo, Horovod's MPI-free one, is spark_hvd's own transport (the default).
@@ -133,6 +136,14 @@ class Config:
         if overlap not in _OVERLAP:
             raise ValueError(f"SPARK_HVD_OVERLAP must be auto, 1 or 0, got {overlap!r}")
         self.overlap = _OVERLAP[overlap]
+        # Ranks of a set that share one GPU (NCCL refuses them): 0 host memory, 1 NCCL with a
+        # host identity per rank (the core's SHVD_SHARED_GPU_* codes).
+        shared_gpu = str(env("SHARED_GPU", "host")).strip()
+        if shared_gpu.lower() not in _SHARED_GPU:
+            raise ValueError(f"SPARK_HVD_SHARED_GPU={shared_gpu} is not a choice: use 'host' "
+                             "(ranks sharing a GPU reduce CUDA tensors through host memory) or "
+                             "'nccl' (through NCCL's network transport)")
+        self.shared_gpu = _SHARED_GPU[shared_gpu.lower()]
         self.cpu_operations = cpu_operations()
         self._read_autotune()
         for name, value in (("FUSION_THRESHOLD", self.fusion_threshold),

@@ -55,6 +55,7 @@ class InitOptions(ctypes.Structure):
         ("cpu_operations", ctypes.c_int32),
         ("mpi_comm", ctypes.c_int64),
         ("mpi_plugin", ctypes.c_char_p),
+        ("shared_gpu", ctypes.c_int32),
     ]
 
 
