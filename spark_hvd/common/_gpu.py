@@ -8,6 +8,7 @@ one NCCL per process), NVIDIA's wheels on ``sys.path`` (``nvidia/*/lib``), then 
 search path.
 """
 
+import ctypes
 import glob
 import os
 import sys
@@ -15,6 +16,11 @@ import sys
 from ._native import lib
 
 _status = None
+# Frameworks whose import may load a CUDA runtime or NCCL into the process, and which of them
+# were imported when the libraries were last looked for: a search that found less than NCCL is
+# repeated only after one more of them was imported (the torch adapter asks per CUDA tensor).
+_FRAMEWORKS = ("torch", "tensorflow", "cupy", "jax")
+_searched_with = None
 _python_staged_bytes = 0  # CUDA bytes an adapter copied through host memory itself
 
 
@@ -48,14 +54,16 @@ def _find(stem, env):
 
 def status():
     """0: no CUDA runtime; 1: CUDA runtime but no NCCL (CUDA tensors go through host memory);
-    2: NCCL. Loads the libraries on the first call, and again while an earlier call found
-    nothing (a framework imported since may have brought them)."""
-    global _status
-    if _status != 2:
+    2: NCCL. Loads the libraries on the first call, and again, while NCCL was not found, once
+    a framework imported since may have brought them."""
+    global _status, _searched_with
+    frameworks = tuple(name in sys.modules for name in _FRAMEWORKS)
+    if _status != 2 and frameworks != _searched_with:
         cudart = _find("libcudart", "SPARK_HVD_CUDART_LIBRARY")
         nccl = _find("libnccl", "SPARK_HVD_NCCL_LIBRARY")
         _status = int(lib.shvd_gpu_load(cudart.encode() if cudart else None,
                                         nccl.encode() if nccl else None))
+        _searched_with = frameworks
     return _status
 
 
@@ -76,7 +84,6 @@ def counters():
     collectives the core ran through NCCL, the bytes of CUDA tensors copied through host memory
     (by the core, where NCCL could not run a collective, or by an adapter when no CUDA runtime
     was found), and the NCCL version in use (0: none)."""
-    import ctypes
     out = (ctypes.c_int64 * 3)()
     lib.shvd_gpu_counters(out, 3)
     return {"nccl_collectives": int(out[0]),
