@@ -118,23 +118,19 @@ class Engine : public gpu::GpuPath::Host {
   void drain_wake_fd(const pollfd& fd);
   // `awaited`: an op taken was enqueued awaited (see enqueue).
   std::vector<Entry> take_queue(bool* awaited);
-  void submit_queued(bool burst_over);
-  void flush_requests();
   // Blocks in poll() on the wake eventfd and the control links until `deadline`.
   void sleep_until(std::vector<pollfd>& fds, Clock::time_point deadline);
+  void abort_job(const std::string& why);
+  void complete(Entry& entry, int error_kind = 0, const std::string& error = "");
 
-  // Shared-memory negotiation (see negotiation_board.h). Set up collectively before the loop
-  // starts, when every rank shares this host; board_ stays null otherwise (or on any failure,
-  // on every rank alike).
-  void set_up_board();
-  std::string receive_frame(int peer);  // blocks (set-up only)
-  // Puts a cached id on the board; false when the board refused it (send it over TCP). An id
-  // this arrival completed is added to `completed` (the caller appends them to the log).
-  bool arrive_on_board(uint32_t id, std::vector<uint64_t>* completed);
-  // Executes the log's entries up to its tail: cached responses (fused where they fit) and, at
-  // each marker, the coordinator's next response batch (stops at one not yet received).
-  void read_board();
-  bool board_has_work() const;  // entries this rank can execute now
+  // Negotiation over TCP (negotiation.cc).
+  void submit_queued(bool burst_over);
+  void flush_requests();
+  void run_coordinator(bool burst_over);
+  void run_worker(bool burst_over);
+  void send_frame(Link* link, const std::string& payload);
+  // Reads whatever the control link has (never blocks) and returns the complete frames.
+  std::vector<std::string> read_frames(int peer);
   void run_batch(const ResponseBatch& batch);
   // Rank 0: sends a response batch to every rank (with the tuner's new setting when one is
   // due) and runs it here, or, with a board, marks its place in the log.
@@ -144,19 +140,24 @@ class Engine : public gpu::GpuPath::Host {
   // Before executing a collective: the tuner's measurement (rank 0) and executed_params().
   void note_collective(const Response& resp);
 
-  void run_coordinator(bool burst_over);
-  void run_worker(bool burst_over);
+  // Shared-memory negotiation (board.cc; see negotiation_board.h). Set up collectively before
+  // the loop starts, when every rank shares this host; board_ stays null otherwise (or on any
+  // failure, on every rank alike).
+  void set_up_board();
+  std::string receive_frame(int peer);  // blocks (set-up only)
+  // Puts a cached id on the board; false when the board refused it (send it over TCP). An id
+  // this arrival completed is added to `completed` (the caller appends them to the log).
+  bool arrive_on_board(uint32_t id, std::vector<uint64_t>* completed);
+  // Executes the log's entries up to its tail: cached responses (fused where they fit) and, at
+  // each marker, the coordinator's next response batch (stops at one not yet received).
+  void read_board();
+  bool board_has_work() const;  // entries this rank can execute now
+
+  // Running a response (execute.cc).
   // `from_board`: a cached response off the board (its answers are already remembered).
   void execute(const Response& response, bool from_board = false);
   void execute_response(const Response& response);
-  void complete(Entry& entry, int error_kind = 0, const std::string& error = "");
-  void abort_job(const std::string& why);
-  void send_frame(Link* link, const std::string& payload);
-  // Reads whatever the control link has (never blocks) and returns the complete frames.
-  std::vector<std::string> read_frames(int peer);
   const Communicator& communicator(int process_set);
-
-  // Op execution (execute.cc).
   void run_on_host(const Response& r, std::vector<Entry*>& entries,
                    const Communicator& comm) override;
   // What the GPU path borrows (gpu/gpu_path.h).

@@ -1,11 +1,13 @@
-// Executing one negotiated response: the dispatcher (algorithms/dispatch.h) chooses the
-// algorithm; here the engine packs the tensors for it (into the fusion buffer, or not, as the
-// chosen row's staging says), scales, calls it and unpacks. Every member of the process set
+// Executing one negotiated response: process-set bookkeeping and join; for a collective, the
+// communicator of its process set (made at its first use), then the dispatcher
+// (algorithms/dispatch.h) chooses the algorithm and the engine packs the tensors for it (into
+// the fusion buffer, or not, as the chosen row's staging says), scales, calls it and unpacks. Every member of the process set
 // runs the same code on the same response, so buffer sizes and algorithm choices agree without
 // further messages.
 #include <cstring>
 
 #include "../algorithms/dispatch.h"
+#include "../include/spark_hvd.h"
 #include "../algorithms/reduce_kernels.h"
 #include "engine.h"
 
@@ -94,6 +96,108 @@ void run_collective(Timeline& tl, const Response& r, const CollectiveCase& c,
 }
 
 }  // namespace
+
+const Communicator& Engine::communicator(int process_set) {
+  auto it = communicators_.find(process_set);
+  if (it != communicators_.end()) return it->second;
+  Communicator c;
+  c.global_ranks = sets_.members(process_set);
+  c.size = int(c.global_ranks.size());
+  c.rank = sets_.index_of(process_set, options_.rank);
+  bool all_shared_memory = c.size > 1;
+  for (int g : c.global_ranks) {
+    Link* link = g == options_.rank ? nullptr : mesh_.data[g].get();
+    c.links.push_back(link);
+    if (link && !link->is_shared_memory()) all_shared_memory = false;
+  }
+  // Every member builds this communicator while executing the same response, so the
+  // collective set-up of the shared segment lines up across members.
+  if (all_shared_memory && c.rank >= 0) {
+    auto group = SharedMemoryGroup::create(c, options_.job_id, options_.shm_group);
+    c.shm_group = group.get();
+    shm_groups_[process_set] = std::move(group);
+  }
+  if (c.rank >= 0 && options_.host_ids.size() == size_t(options_.size)) {
+    std::vector<std::string> member_hosts;
+    for (int g : c.global_ranks) member_hosts.push_back(options_.host_ids[g]);
+    auto hierarchy = Hierarchy::build(c, member_hosts);
+    c.hierarchy = hierarchy.get();
+    if (hierarchy) hierarchies_[process_set] = std::move(hierarchy);
+  }
+  return communicators_.emplace(process_set, std::move(c)).first->second;
+}
+
+void Engine::execute(const Response& resp, bool from_board) {
+  last_activity_ = Clock::now();
+  if (!from_board) cache_.remember_answers(resp, sets_);
+  execute_response(resp);
+  handles_.wake_waiters();
+}
+
+void Engine::execute_response(const Response& resp) {
+  // Process-set bookkeeping happens on every rank, members or not, so ids stay in step.
+  if (resp.op == OpType::kAddProcessSet || resp.op == OpType::kRemoveProcessSet) {
+    int id = -1;
+    if (resp.error.empty()) {
+      if (resp.op == OpType::kAddProcessSet) {
+        std::vector<int> ranks(resp.splits_matrix.begin(), resp.splits_matrix.end());
+        id = sets_.add(ranks);
+      } else {
+        sets_.remove(resp.root);
+        communicators_.erase(resp.root);
+        shm_groups_.erase(resp.root);
+        hierarchies_.erase(resp.root);
+        if (gpu_) gpu_->forget_set(resp.root);
+        id = resp.root;
+      }
+    }
+    auto it = table_.find(resp.names[0]);
+    if (it != table_.end()) {
+      it->second.state->ints = {id};
+      complete(it->second, resp.error.empty() ? 0 : SHVD_ERR_INVALID, resp.error);
+      table_.erase(it);
+    }
+    return;
+  }
+  if (resp.op == OpType::kJoin) {
+    auto it = table_.find("__join__");
+    if (it != table_.end()) {
+      it->second.state->ints = {resp.last_joined};
+      complete(it->second);
+      table_.erase(it);
+    }
+    return;
+  }
+  const int my_index = sets_.index_of(resp.process_set, options_.rank);
+  std::vector<Entry*> entries;
+  for (const auto& name : resp.names) {
+    auto it = table_.find(name);
+    entries.push_back(it == table_.end() ? nullptr : &it->second);
+    if (it != table_.end() && timeline_.active()) timeline_.end(name, "QUEUE");
+  }
+  // Keep the response cache in step with the coordinator's.
+  for (size_t i = 0; i < resp.names.size() && i < resp.cache_ids.size(); ++i)
+    if (entries[i]) cache_.remember(resp.names[i], resp.cache_ids[i], entries[i]->request);
+
+  if (!resp.error.empty()) {
+    for (Entry* e : entries)
+      if (e) complete(*e, resp.error_is_mismatch ? SHVD_ERR_INVALID : SHVD_ERR_INTERNAL, resp.error);
+  } else if (my_index >= 0) {
+    note_collective(resp);
+    const Communicator& comm = communicator(resp.process_set);
+    if (resp.on_gpu) {
+      if (!gpu_)
+        gpu_ = std::make_unique<gpu::GpuPath>(*this, options_.rank, options_.job_id,
+                                              options_.shared_gpu);
+      gpu_->execute(resp, entries, comm, resp.process_set, timeline_);  // completes them
+    } else {
+      run_on_host(resp, entries, comm);
+      for (Entry* e : entries)
+        if (e) complete(*e);
+    }
+  }
+  for (const auto& name : resp.names) table_.erase(name);
+}
 
 void Engine::run_on_host(const Response& r, std::vector<Entry*>& entries,
                          const Communicator& comm) {
