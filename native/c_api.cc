@@ -16,15 +16,6 @@
 
 using namespace shvd;
 
-static_assert(int(OpType::kAllreduce) == SHVD_OP_ALLREDUCE &&
-                  int(OpType::kAllgather) == SHVD_OP_ALLGATHER &&
-                  int(OpType::kBroadcast) == SHVD_OP_BROADCAST &&
-                  int(OpType::kAlltoall) == SHVD_OP_ALLTOALL &&
-                  int(OpType::kReducescatter) == SHVD_OP_REDUCESCATTER &&
-                  int(OpType::kBarrier) == SHVD_OP_BARRIER && int(OpType::kJoin) == SHVD_OP_JOIN &&
-                  int(OpType::kAddProcessSet) == SHVD_OP_ADD_PROCESS_SET &&
-                  int(OpType::kRemoveProcessSet) == SHVD_OP_REMOVE_PROCESS_SET,
-              "OpType must equal the SHVD_OP_* codes of spark_hvd.h");
 
 static_assert(kFixFusionThreshold == SHVD_AUTOTUNE_FIX_FUSION_THRESHOLD &&
                   kFixCycleTime == SHVD_AUTOTUNE_FIX_CYCLE_TIME &&

@@ -29,7 +29,7 @@ SOURCES = [
     NATIVE / "transport" / "tcp.cc",
     NATIVE / "transport" / "shm.cc",
     NATIVE / "transport" / "mesh.cc",
-    NATIVE / "algorithms" / "reduce_kernels.cc",
+    NATIVE / "kernels" / "reduce_kernels.cc",
 ]
 # The library's release flags, so the throughput figures the test prints are representative.
 FLAGS = ["-std=c++17", "-O3", "-pthread", "-Wall"]
@@ -47,7 +47,7 @@ def _compiler() -> str | None:
 def _fingerprint(cxx: str) -> str:
     """Hash of the compiler, flags, the sources and every header they can include."""
     headers = [*(NATIVE / "common").glob("*.h"), *(NATIVE / "transport").glob("*.h"),
-               NATIVE / "algorithms" / "reduce_kernels.h", NATIVE / "tests" / "harness.h",
+               NATIVE / "kernels" / "reduce_kernels.h", NATIVE / "tests" / "harness.h",
                NATIVE / "include" / "spark_hvd.h"]
     h = hashlib.sha256(" ".join([cxx, *FLAGS]).encode())
     for path in sorted(set(SOURCES) | set(headers)):

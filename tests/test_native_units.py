@@ -41,7 +41,7 @@ HIERARCHY_TEST = [
     "algorithms/reducescatter_ring.cc",
     "algorithms/allgather_ring.cc",
     "algorithms/collective_helpers.cc",
-    "algorithms/reduce_kernels.cc",
+    "kernels/reduce_kernels.cc",
     "transport/link.cc",
     "common/types.cc",
 ]

@@ -16,7 +16,7 @@
 #include <cstring>
 
 #include "collectives.h"
-#include "reduce_kernels.h"
+#include "../kernels/reduce_kernels.h"
 
 namespace shvd {
 

@@ -5,7 +5,7 @@
 // data to a partner below it, sit out the doubling, and get the result back at the end.
 // Every step combines two operands with a commutative op, so all ranks end bitwise equal.
 #include "collectives.h"
-#include "reduce_kernels.h"
+#include "../kernels/reduce_kernels.h"
 
 namespace shvd {
 

@@ -1,17 +1,12 @@
-// Pieces every algorithm file uses: scratch memory, offsets, and the pipelined
+// Pieces every algorithm file uses: offsets and the pipelined
 // receive-and-reduce step at the heart of ring and recursive-doubling allreduce.
 #include <algorithm>
 #include <cstring>
 
+#include "../kernels/reduce_kernels.h"
 #include "collectives.h"
-#include "reduce_kernels.h"
 
 namespace shvd {
-
-void* Scratch::get(size_t bytes) {
-  if (storage_.size() < bytes) storage_.resize(bytes);
-  return storage_.data();
-}
 
 std::vector<size_t> prefix_offsets(const std::vector<size_t>& sizes) {
   std::vector<size_t> offsets(sizes.size() + 1, 0);

@@ -9,8 +9,8 @@
 //   allreduce_shm_arena.cc          one host: in place in shared arenas
 //   allgather_ring.cc, broadcast_tree.cc, alltoall_pairwise.cc, reducescatter_ring.cc
 //   hierarchical.{h,cc}             sets spanning hosts: within each host, then across hosts
-// and what they share: collective_helpers.cc (scratch, offsets, the pipelined
-// send-receive-reduce step), reduce_kernels.{h,cc} (element-wise reduction per dtype and op),
+// and what they share: collective_helpers.cc (offsets, the pipelined send-receive-reduce step),
+// kernels/reduce_kernels.{h,cc} (element-wise reduction per dtype and op),
 // shared_memory_group.{h,cc} with shared_memory_group_internal.h (the one-host group the shm_*
 // files run in), cpu_placement.{h,cc} and shared_arenas.{h,cc} (memory every member can map).
 //
@@ -24,36 +24,9 @@
 #include <vector>
 
 #include "../common/types.h"
-#include "../transport/link.h"
+#include "../transport/communicator.h"
 
 namespace shvd {
-
-class SharedMemoryGroup;
-struct Hierarchy;
-
-// The members of one process set and the data links between them.
-struct Communicator {
-  int rank = 0;                  // my index among the members
-  int size = 1;
-  std::vector<Link*> links;      // links[i]: data link to member i (nullptr for myself)
-  std::vector<int> global_ranks; // member index -> global rank (for error messages)
-  // Set when every member shares this host: allreduce then runs through one shared segment.
-  SharedMemoryGroup* shm_group = nullptr;
-  // Set when the members sit on several hosts, more than one on some: the sub-communicators
-  // of the hierarchical algorithms (hierarchical.h).
-  const Hierarchy* hierarchy = nullptr;
-
-  Link* link(int member) const { return links[member]; }
-};
-
-// Reusable scratch memory owned by the engine thread (grown on demand, never shrunk).
-class Scratch {
- public:
-  void* get(size_t bytes);
-
- private:
-  std::vector<uint8_t> storage_;
-};
 
 // One tensor of a response: read from `in`, result written to `out` (may alias); `count`
 // elements.

@@ -9,7 +9,7 @@
 
 #include "../mpi/mpi_backend.h"
 #include "hierarchical.h"
-#include "reduce_kernels.h"
+#include "../kernels/reduce_kernels.h"
 #include "shared_memory_group.h"
 
 namespace shvd {

@@ -14,7 +14,7 @@
 #include <cstddef>
 #include <vector>
 
-#include "../controller/message.h"
+#include "../common/types.h"
 #include "collectives.h"
 
 namespace shvd {

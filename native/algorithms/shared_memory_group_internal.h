@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "../transport/peer_memory.h"
-#include "reduce_kernels.h"
+#include "../kernels/reduce_kernels.h"
 #include "shared_memory_group.h"
 
 namespace shvd {

@@ -29,6 +29,21 @@ size_t dtype_size(DataType t) {
   throw OpMismatchError("unknown dtype code " + std::to_string(static_cast<int>(t)));
 }
 
+const char* op_type_name(OpType op) {
+  switch (op) {
+    case OpType::kAllreduce: return "allreduce";
+    case OpType::kAllgather: return "allgather";
+    case OpType::kBroadcast: return "broadcast";
+    case OpType::kAlltoall: return "alltoall";
+    case OpType::kReducescatter: return "reducescatter";
+    case OpType::kBarrier: return "barrier";
+    case OpType::kJoin: return "join";
+    case OpType::kAddProcessSet: return "add_process_set";
+    case OpType::kRemoveProcessSet: return "remove_process_set";
+  }
+  return "unknown";
+}
+
 const char* dtype_name(DataType t) {
   switch (t) {
     case DataType::kUInt8: return "uint8";

@@ -58,6 +58,29 @@ static_assert(int(ReduceOp::kAverage) == SHVD_REDUCE_AVERAGE &&
                   kNumReduceOps == SHVD_NUM_REDUCE_OPS,
               "ReduceOp must equal the SHVD_REDUCE_* codes of spark_hvd.h");
 
+// What a request asks for: the collectives and the control ops that are negotiated like them.
+enum class OpType : int32_t {
+  kAllreduce = 0,
+  kAllgather = 1,
+  kBroadcast = 2,
+  kAlltoall = 3,
+  kReducescatter = 4,
+  kBarrier = 5,
+  kJoin = 6,
+  kAddProcessSet = 7,     // splits = the member ranks
+  kRemoveProcessSet = 8,  // root = the process set id
+};
+static_assert(int(OpType::kAllreduce) == SHVD_OP_ALLREDUCE &&
+                  int(OpType::kAllgather) == SHVD_OP_ALLGATHER &&
+                  int(OpType::kBroadcast) == SHVD_OP_BROADCAST &&
+                  int(OpType::kAlltoall) == SHVD_OP_ALLTOALL &&
+                  int(OpType::kReducescatter) == SHVD_OP_REDUCESCATTER &&
+                  int(OpType::kBarrier) == SHVD_OP_BARRIER && int(OpType::kJoin) == SHVD_OP_JOIN &&
+                  int(OpType::kAddProcessSet) == SHVD_OP_ADD_PROCESS_SET &&
+                  int(OpType::kRemoveProcessSet) == SHVD_OP_REMOVE_PROCESS_SET,
+              "OpType must equal the SHVD_OP_* codes of spark_hvd.h");
+const char* op_type_name(OpType op);
+
 size_t dtype_size(DataType t);
 
 // Elements of a tensor of `shape` (1 for a scalar), or of its dimensions from `from` on (a row).

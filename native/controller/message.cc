@@ -7,21 +7,6 @@
 
 namespace shvd {
 
-const char* op_type_name(OpType op) {
-  switch (op) {
-    case OpType::kAllreduce: return "allreduce";
-    case OpType::kAllgather: return "allgather";
-    case OpType::kBroadcast: return "broadcast";
-    case OpType::kAlltoall: return "alltoall";
-    case OpType::kReducescatter: return "reducescatter";
-    case OpType::kBarrier: return "barrier";
-    case OpType::kJoin: return "join";
-    case OpType::kAddProcessSet: return "add_process_set";
-    case OpType::kRemoveProcessSet: return "remove_process_set";
-  }
-  return "unknown";
-}
-
 bool Request::same_params(const Request& o) const {
   return op == o.op && name == o.name && dtype == o.dtype && shape == o.shape &&
          reduce_op == o.reduce_op && prescale == o.prescale && postscale == o.postscale &&

@@ -11,18 +11,6 @@
 
 namespace shvd {
 
-enum class OpType : int32_t {
-  kAllreduce = 0,
-  kAllgather = 1,
-  kBroadcast = 2,
-  kAlltoall = 3,
-  kReducescatter = 4,
-  kBarrier = 5,
-  kJoin = 6,
-  kAddProcessSet = 7,     // splits = the member ranks
-  kRemoveProcessSet = 8,  // root = the process set id
-};
-const char* op_type_name(OpType op);
 
 // What one rank asks for one named tensor.
 struct Request {

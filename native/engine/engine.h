@@ -33,6 +33,7 @@
 #include "../gpu/gpu_path.h"
 #include "../timeline/timeline.h"
 #include "../transport/mesh.h"
+#include "entry.h"
 #include "fusion_buffer.h"
 #include "handles.h"
 
@@ -69,15 +70,6 @@ struct EngineOptions {
   AutotuneOptions autotune;
   // What ranks of a set that share a GPU do with CUDA tensors (SPARK_HVD_SHARED_GPU).
   gpu::SharedGpu shared_gpu = gpu::SharedGpu::kHost;
-};
-
-// One enqueued op as the engine keeps it until completion.
-struct Entry {
-  Request request;
-  const void* input = nullptr;
-  void* output = nullptr;
-  std::shared_ptr<HandleState> state;
-  gpu::TensorPlace gpu;  // a CUDA tensor's device, stream and ready event (device -1: host)
 };
 
 class Engine : public gpu::GpuPath::Host {

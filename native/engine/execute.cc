@@ -8,7 +8,7 @@
 
 #include "../algorithms/dispatch.h"
 #include "../include/spark_hvd.h"
-#include "../algorithms/reduce_kernels.h"
+#include "../kernels/reduce_kernels.h"
 #include "engine.h"
 
 namespace shvd {

@@ -7,9 +7,9 @@
 #include <fstream>
 #include <stdexcept>
 
-#include "../algorithms/reduce_kernels.h"
+#include "../kernels/reduce_kernels.h"
 #include "../common/logging.h"
-#include "../engine/engine.h"
+#include "../engine/entry.h"
 #include "../include/spark_hvd.h"
 
 namespace shvd {

@@ -18,29 +18,17 @@
 #include <thread>
 #include <vector>
 
-#include "../algorithms/collectives.h"
 #include "../controller/message.h"
 #include "../timeline/timeline.h"
+#include "../transport/communicator.h"
 #include "gpu_libraries.h"
+#include "tensor_place.h"
 
 namespace shvd {
 
 struct Entry;
 
 namespace gpu {
-
-// Where a CUDA tensor's op stands (Entry::gpu): device -1 for a host tensor.
-struct TensorPlace {
-  int device = -1;
-  cudaStream_t stream = nullptr;  // the caller's stream at enqueue
-  cudaEvent_t ready = nullptr;    // recorded on `stream` at enqueue
-};
-
-// Records where `place.stream` stands (user thread; `place.device` set). Throws
-// std::runtime_error when the CUDA runtime is not loaded or the call fails.
-void record_ready(TensorPlace& place);
-// Returns an event recorded by record_ready that no op will use (an enqueue that failed).
-void forget_ready(TensorPlace& place);
 
 // What ranks sharing a GPU do (SPARK_HVD_SHARED_GPU): NCCL refuses two ranks on one device.
 enum class SharedGpu { kHost, kNccl };

@@ -6,7 +6,7 @@
 #include <cstring>
 #include <stdexcept>
 
-#include "../algorithms/reduce_kernels.h"
+#include "../kernels/reduce_kernels.h"
 #include "../common/logging.h"
 #include "plugin_api.h"
 

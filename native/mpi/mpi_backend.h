@@ -12,8 +12,8 @@
 #include <string>
 #include <vector>
 
-#include "../algorithms/collectives.h"
 #include "../common/types.h"
+#include "../transport/communicator.h"
 
 namespace shvd {
 namespace mpi {

@@ -24,7 +24,7 @@
 #include <random>
 #include <thread>
 
-#include "../algorithms/reduce_kernels.h"
+#include "../kernels/reduce_kernels.h"
 #include "../common/hmac.h"
 #include "../transport/mesh.h"
 #include "../transport/shm.h"
