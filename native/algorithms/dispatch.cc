@@ -21,6 +21,8 @@ namespace {
 
 bool always(const CollectiveCase&) { return true; }
 
+bool on_gpu(const CollectiveCase& c) { return c.on_gpu; }
+
 // A set of one exchanges nothing.
 bool alone(const CollectiveCase& c) { return c.comm->size == 1; }
 
@@ -174,10 +176,15 @@ bool run_mpi_reducescatter(const CollectiveCall& k) {
 // ---------------------------------------------------------------------------------------------
 // The rules, in order: the first row of the response's op whose predicate holds runs it.
 //
-// Adding an algorithm is adding a row (and its file). NCCL allreduce would be
-//   {OpType::kAllreduce, "NCCL_ALLREDUCE", on_gpu, Staging::kBuffer, run_nccl_allreduce},
-// placed first, with CollectiveCase telling where the tensors live for `on_gpu`.
+// Adding an algorithm is adding a row (and its file).
 constexpr Algorithm kAlgorithms[] = {
+    // CUDA tensors: the GPU path (gpu/gpu_path.h) chooses NCCL or host staging itself and names
+    // the path it took in the timeline (NCCL_ALLREDUCE, ..., CUDA_HOST_STAGED).
+    {OpType::kAllreduce, "GPU", on_gpu, Staging::kDevice, nullptr},
+    {OpType::kAllgather, "GPU", on_gpu, Staging::kDevice, nullptr},
+    {OpType::kBroadcast, "GPU", on_gpu, Staging::kDevice, nullptr},
+    {OpType::kAlltoall, "GPU", on_gpu, Staging::kDevice, nullptr},
+    {OpType::kReducescatter, "GPU", on_gpu, Staging::kDevice, nullptr},
     {OpType::kAllreduce, "LOCAL_ALLREDUCE", alone, Staging::kTensors, run_local_allreduce},
     // MPI operations asked for: every collective MPI can take goes through it, ahead of the
     // core's own paths (the engine packs, prescales and, for Average, divides as usual).
@@ -229,6 +236,9 @@ const Algorithm& choose_algorithm(const CollectiveCase& c, const Algorithm* afte
 const Algorithm& run_algorithm(const CollectiveCase& c, const Algorithm& first,
                                const CollectiveCall& call) {
   const Algorithm* row = &first;
+  if (row->staging == Staging::kDevice)
+    throw std::logic_error(std::string("algorithm table: ") + row->name +
+                           " hands the response to the GPU path; it has nothing to run here");
   while (!row->run(call)) {
     const Algorithm& next = choose_algorithm(c, row);
     // The caller staged the tensors for the first row; a row that declines must be followed

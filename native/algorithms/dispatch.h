@@ -4,7 +4,9 @@
 // names the path for the timeline. The engine packs, calls the chosen row and unpacks
 // (engine/execute.cc); the algorithm files know nothing of the choice.
 //
-// With MPI operations on (mpi/mpi_backend.h) the MPI rows come first for every op MPI can take.
+// Every way a response can run is a row: CUDA tensors' rows come first and hand the response to
+// the GPU path (gpu/gpu_path.h); with MPI operations on (mpi/mpi_backend.h) the MPI rows come
+// next for every op MPI can take; then the core's own algorithms.
 //
 // Every fact a predicate looks at is the same on every member of the set (the response, the
 // communicator and settings agreed when the set was set up), so every member runs the same row
@@ -29,6 +31,10 @@ enum class Staging {
   // The engine applies prescale and postscale (the call's are 1). The other collectives' rows
   // all take buffers the engine lays out as CollectiveCall describes.
   kBuffer,
+  // The tensors live on a GPU: the engine hands the whole response, its entries included, to
+  // the GPU path, which runs it (NCCL, or through host memory and these rows again) and
+  // completes the entries itself when its stream has passed them. Such a row has no `run`.
+  kDevice,
 };
 
 // What the rules look at.
@@ -42,6 +48,7 @@ struct CollectiveCase {
   // Every member submitted every tensor of the response (nobody has joined).
   bool complete = true;
   bool prescaled = false;  // the response has a prescale factor other than 1
+  bool on_gpu = false;     // CUDA tensors (a kDevice row); the GPU path's host runs: false
   size_t ring_threshold_bytes = kDefaultRingThresholdBytes;
   // Hierarchical algorithms for this op where the set spans hosts (comm->hierarchy): 1 always,
   // 0 never, -1 automatic (allreduce: when bandwidth-bound; allgather: always). The engine
@@ -87,6 +94,7 @@ struct Algorithm {
   // Runs the collective. False when the row declines after all (decided collectively, the
   // same on every member, with nothing changed: the arena path agrees whether every member's
   // tensors are in arenas); the next row that applies runs instead, with the same staging.
+  // Null for kDevice rows.
   bool (*run)(const CollectiveCall&);
 };
 

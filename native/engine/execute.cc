@@ -95,6 +95,20 @@ void run_collective(Timeline& tl, const Response& r, const CollectiveCase& c,
         [&] { run_and_name(tl, r.names, c, choose_algorithm(c), call); });
 }
 
+// Whether the dispatcher's table hands `r` to the GPU path (a kDevice row: CUDA tensors) rather
+// than to the CPU rows. Only where the tensors live matters here, so the element count is left
+// out; the op's runner chooses its CPU algorithm knowing it.
+bool on_device_path(const Response& r, const Communicator& comm) {
+  if (r.op == OpType::kBarrier) return false;  // no rows: the negotiation was the barrier
+  CollectiveCase c;
+  c.op = r.op;
+  c.comm = &comm;
+  c.dtype = r.dtype;
+  c.reduce_op = r.reduce_op;
+  c.on_gpu = r.on_gpu;
+  return choose_algorithm(c).staging == Staging::kDevice;
+}
+
 }  // namespace
 
 const Communicator& Engine::communicator(int process_set) {
@@ -185,7 +199,7 @@ void Engine::execute_response(const Response& resp) {
   } else if (my_index >= 0) {
     note_collective(resp);
     const Communicator& comm = communicator(resp.process_set);
-    if (resp.on_gpu) {
+    if (on_device_path(resp, comm)) {
       if (!gpu_)
         gpu_ = std::make_unique<gpu::GpuPath>(*this, options_.rank, options_.job_id,
                                               options_.shared_gpu);
