@@ -257,12 +257,7 @@ bool Coordinator::fail_if_in_group(const std::string& name,
   if (!any || any->group.empty()) return false;
   auto g = failed.find(any->group);
   if (g == failed.end()) return false;
-  Response resp;
-  resp.op = any->op;
-  resp.names = {name};
-  resp.dtype = any->dtype;
-  resp.process_set = any->process_set;
-  resp.shapes = {any->shape};
+  Response resp = single_tensor_response(name, any->shape, *any);
   resp.error = "Grouped operation '" + any->group + "' failed, so tensor '" + name +
                "' of it fails too: " + g->second;
   out->push_back(std::move(resp));

@@ -59,6 +59,26 @@ struct Response {
   bool on_gpu = false;                       // CUDA tensors: the GPU path runs it
 };
 
+// A response for the one tensor `name` of `shape`, with the collective's parameters (op, dtype,
+// reduction, scaling, root, process set, device kind) taken from `from`: the request it
+// answers, or the fused response it was part of. The one place those fields are copied.
+template <typename From>
+Response single_tensor_response(const std::string& name, const std::vector<int64_t>& shape,
+                                const From& from) {
+  Response r;
+  r.op = from.op;
+  r.names = {name};
+  r.dtype = from.dtype;
+  r.reduce_op = from.reduce_op;
+  r.prescale = from.prescale;
+  r.postscale = from.postscale;
+  r.root = from.root;
+  r.process_set = from.process_set;
+  r.shapes = {shape};
+  r.on_gpu = from.on_gpu;
+  return r;
+}
+
 // Whether two allreduce responses can run as one fused collective (same dtype, reduction,
 // scaling, process set, joined ranks and device kind).
 bool fusable_allreduces(const Response& a, const Response& b);

@@ -77,18 +77,8 @@ std::string joined_refusal(OpType op, const std::string& name, const std::vector
 
 Response response_skeleton(const std::string& name, const Request& first,
                            const std::vector<int>& joined) {
-  Response resp;
-  resp.op = first.op;
-  resp.names = {name};
-  resp.dtype = first.dtype;
-  resp.reduce_op = first.reduce_op;
-  resp.prescale = first.prescale;
-  resp.postscale = first.postscale;
-  resp.root = first.root;
-  resp.process_set = first.process_set;
-  resp.shapes = {first.shape};
+  Response resp = single_tensor_response(name, first.shape, first);
   resp.joined = joined;
-  resp.on_gpu = first.on_gpu;
   return resp;
 }
 

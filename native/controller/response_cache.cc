@@ -32,18 +32,8 @@ void ResponseCache::remember_answers(const Response& resp, const ProcessSets& se
     answered_[id] = fast;
     if (!fast) continue;
     Answer& a = answers_[id];
-    Response& r = a.response;
-    r.op = resp.op;
-    r.names = {resp.names[i]};
-    r.dtype = resp.dtype;
-    r.reduce_op = resp.reduce_op;
-    r.prescale = resp.prescale;
-    r.postscale = resp.postscale;
-    r.root = resp.root;
-    r.process_set = resp.process_set;
-    r.shapes = {resp.shapes[i]};
-    r.on_gpu = resp.on_gpu;
-    r.cache_ids = {id};
+    a.response = single_tensor_response(resp.names[i], resp.shapes[i], resp);
+    a.response.cache_ids = {id};
     a.members = members;
     a.bytes = size_t(num_elements(resp.shapes[i])) * dtype_size(resp.dtype);
   }
