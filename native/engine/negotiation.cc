@@ -194,11 +194,7 @@ void Engine::note_collective(const Response& resp) {
   // Rank 0 measures only while tuning: once the best setting is kept, nothing to count.
   if (!autotuner_ || !autotuner_->active()) return;
   size_t bytes = 0;
-  for (const auto& shape : resp.shapes) {
-    size_t n = dtype_size(resp.dtype);
-    for (int64_t d : shape) n *= size_t(d);
-    bytes += n;
-  }
+  for (const auto& shape : resp.shapes) bytes += size_t(num_elements(shape)) * dtype_size(resp.dtype);
   if (autotuner_->record(resp.names, bytes, Clock::now())) params_due_ = true;
 }
 
