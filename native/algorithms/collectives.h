@@ -44,6 +44,14 @@ using StepMarker = std::function<void(const char* step, bool begin)>;
 // (bandwidth-bound), see dispatch.cc. Overridable with SPARK_HVD_RING_THRESHOLD.
 constexpr size_t kDefaultRingThresholdBytes = 64 * 1024;
 
+// An allreduce of `count` elements (`bytes`) over `members` is latency-bound when it is small or
+// has fewer elements than members (the ring's blocks would be empty): recursive doubling takes
+// it, the ring the rest. The dispatcher's rule, and the hierarchical cross-host step's.
+inline bool allreduce_latency_bound(size_t bytes, size_t count, int members,
+                                    size_t ring_threshold_bytes) {
+  return bytes <= ring_threshold_bytes || count < size_t(members);
+}
+
 // In-place allreduces of `count` elements. Average is reduced as Sum (the caller scales).
 void allreduce_ring(const Communicator& comm, void* buf, size_t count, DataType dtype,
                     ReduceOp op, Scratch& scratch);

@@ -53,10 +53,9 @@ bool single_copy_buffer(const CollectiveCase& c) {
   return on_one_host(c) && c.comm->shm_group->single_copy_suits(c.bytes(), 1);
 }
 
-// Latency-bound: small messages, or fewer elements than members (the ring's blocks would be
-// empty).
+// Latency-bound (collectives.h): small, or fewer elements than members.
 bool latency_bound(const CollectiveCase& c) {
-  return c.bytes() <= c.ring_threshold_bytes || c.count < size_t(c.comm->size);
+  return allreduce_latency_bound(c.bytes(), c.count, c.comm->size, c.ring_threshold_bytes);
 }
 
 // The members sit on several hosts, more than one on some (comm->hierarchy), and the setting

@@ -111,7 +111,8 @@ struct SegmentSteps {
     const std::vector<size_t> counts = blocks(count);
     const size_t mine = counts[h.local.rank];
     void* block = seg + prefix_offsets(counts)[h.local.rank] * dtype_size(dtype);
-    if (mine * dtype_size(dtype) <= ring_threshold_bytes || mine < size_t(h.cross.size)) {
+    if (allreduce_latency_bound(mine * dtype_size(dtype), mine, h.cross.size,
+                                ring_threshold_bytes)) {
       if (mine > 0) allreduce_recursive_doubling(h.cross, block, mine, dtype, op, scratch);
     } else {
       allreduce_ring(h.cross, block, mine, dtype, op, scratch);
