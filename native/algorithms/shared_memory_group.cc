@@ -125,7 +125,7 @@ void SharedMemoryGroup::wait_all(const Communicator& comm, int which, uint64_t t
           if (!comm.link(m)->peer_alive())
             throw PeerLostError(describe_rank(comm.global_ranks[m]) +
                                 " left a shared-memory allreduce (it failed or died)");
-          watch.check(comm.global_ranks[m]);
+          watch.check({comm.global_ranks[m]});
         }
         // Long waits sleep: on an oversubscribed machine a yielding spinner still takes CPU
         // from the very peer it waits for.

@@ -112,15 +112,6 @@ long sleep_ns_for(int iteration) {
   return std::min(kMaxSleepNs, 2000L << step);
 }
 
-// Where the current run of idle rounds began (iteration 0 of wait_for_progress), for the
-// no-progress bound. Read from the clock only while a bound is set.
-thread_local std::chrono::steady_clock::time_point t_idle_since;
-
-void note_idle_start(int iteration) {
-  if (iteration == 0 && g_no_progress_ns.load(std::memory_order_relaxed) > 0)
-    t_idle_since = std::chrono::steady_clock::now();
-}
-
 [[noreturn]] void throw_no_progress(std::vector<int> peers, int64_t bound_ns) {
   std::sort(peers.begin(), peers.end());
   peers.erase(std::unique(peers.begin(), peers.end()), peers.end());
@@ -130,13 +121,15 @@ void note_idle_start(int iteration) {
                       "process is frozen or stuck, or its host is unreachable");
 }
 
+// The current run of idle rounds of wait_for_progress (restarted at its iteration 0).
+thread_local NoProgressWatch t_idle;
+
 void check_progress(const LinkWait* waits, int n, std::chrono::steady_clock::time_point now) {
-  const int64_t bound = g_no_progress_ns.load(std::memory_order_relaxed);
-  if (bound <= 0 || now - t_idle_since < std::chrono::nanoseconds(bound)) return;
+  if (!t_idle.bounded()) return;
   std::vector<int> peers;
   for (int i = 0; i < n; ++i)
     if (waits[i].link) peers.push_back(waits[i].link->peer_rank());
-  throw_no_progress(std::move(peers), bound);
+  t_idle.check(peers, now);
 }
 
 void check_liveness(const LinkWait* waits, int n) {
@@ -157,20 +150,20 @@ void check_liveness(const LinkWait* waits, int n) {
 
 }  // namespace
 
-NoProgressWatch::NoProgressWatch()
-    : bound_ns_(g_no_progress_ns.load(std::memory_order_relaxed)),
-      start_(bound_ns_ > 0 ? std::chrono::steady_clock::now()
-                           : std::chrono::steady_clock::time_point{}) {}
+void NoProgressWatch::restart() {
+  bound_ns_ = g_no_progress_ns.load(std::memory_order_relaxed);
+  if (bound_ns_ > 0) start_ = std::chrono::steady_clock::now();
+}
 
-void NoProgressWatch::check(int peer_rank) const {
-  if (bound_ns_ > 0 &&
-      std::chrono::steady_clock::now() - start_ >= std::chrono::nanoseconds(bound_ns_))
-    throw_no_progress({peer_rank}, bound_ns_);
+void NoProgressWatch::check(const std::vector<int>& peer_ranks,
+                            std::chrono::steady_clock::time_point now) const {
+  if (bound_ns_ > 0 && now - start_ >= std::chrono::nanoseconds(bound_ns_))
+    throw_no_progress(peer_ranks, bound_ns_);
 }
 
 void wait_for_progress(const LinkWait* waits, int nwaits, int iteration) {
   global_abort().check();
-  note_idle_start(iteration);
+  if (iteration == 0) t_idle.restart();
   pollfd fds[16];
   std::vector<pollfd> many;
   pollfd* pfds = fds;
@@ -197,8 +190,7 @@ void wait_for_progress(const LinkWait* waits, int nwaits, int iteration) {
       throw PeerLostError(std::string("poll failed: ") + strerror(errno));
     }
     global_abort().check();
-    if (g_no_progress_ns.load(std::memory_order_relaxed) > 0)
-      check_progress(waits, nwaits, std::chrono::steady_clock::now());
+    if (t_idle.bounded()) check_progress(waits, nwaits, std::chrono::steady_clock::now());
     return;
   }
 

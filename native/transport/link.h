@@ -90,16 +90,20 @@ AbortFlag& global_abort();
 // see it. The engine sets it to SPARK_HVD_STALL_SHUTDOWN_TIME_SECONDS.
 void set_no_progress_timeout(double seconds);
 
-// The same bound for wait loops of their own (the shared-memory group's): make one when a wait
-// begins; check() throws PeerLostError naming `peer_rank` once the bound passed without the
-// wait ending. Reads the clock only while a bound is set.
+// The timer of that bound, for wait_for_progress and for wait loops of their own (the
+// shared-memory group's): make one (or restart it) when a wait begins; check() throws
+// PeerLostError naming `peer_ranks` once the bound passed without the wait ending. Reads the
+// clock only while a bound is set.
 class NoProgressWatch {
  public:
-  NoProgressWatch();
-  void check(int peer_rank) const;
+  NoProgressWatch() { restart(); }
+  void restart();
+  bool bounded() const { return bound_ns_ > 0; }
+  void check(const std::vector<int>& peer_ranks,
+             std::chrono::steady_clock::time_point now = std::chrono::steady_clock::now()) const;
 
  private:
-  int64_t bound_ns_;
+  int64_t bound_ns_ = 0;
   std::chrono::steady_clock::time_point start_;
 };
 
