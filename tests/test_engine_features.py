@@ -121,8 +121,8 @@ OPS = {"allreduce_one": "ALLREDUCE", "allgather_one": "ALLGATHER",
 @pytest.mark.parametrize("transport", ["shm", "tcp"])
 def test_timeline(tmp_path, transport):
     """SPARK_HVD_TIMELINE records from init; start_timeline() switches to a new file (with
-    cycle marks), stop_timeline() ends it. Both files are valid JSON with NEGOTIATE and the
-    op's phase for every named tensor, the fusion-buffer copies for fused tensors (TCP; the
+    cycle marks), stop_timeline() ends it. Both files are valid JSON with a row per op and
+    tensor named as Horovod's ("allreduce.<name>"), NEGOTIATE_<OP> and the op's phase in it, the fusion-buffer copies for fused tensors (TCP; the
     shared-memory group reduces fused tensors in place), and balanced B/E events."""
     env_file, api_file = tmp_path / "env.json", tmp_path / "api.json"
     r = run_job(3, "features", "timeline", api_file, transport=transport,
@@ -135,15 +135,18 @@ def test_timeline(tmp_path, transport):
         # in it. (Other ranks' "rank N ready" marks for them may have arrived at rank 0 just
         # before it switched files: those are right to be there.)
         other = "api." if prefix == "env." else "env."
+        # Rows are named as Horovod's: "<op>.<tensor name>".
         stray = {n: seq for n, seq in phases.items() if isinstance(n, str)
-                 and n.startswith(("after_stop.", other)) and any(ph != "i" for ph, _ in seq)}
+                 and n.split(".", 1)[1].startswith(("after_stop.", other))
+                 and any(ph != "i" for ph, _ in seq)}
         assert not stray, stray
         for op, phase in OPS.items():
-            got = {p for _, p in phases[prefix + op]}
-            assert {"NEGOTIATE", phase} <= got, (prefix + op, got)
+            row = f"{phase.lower()}.{prefix}{op}"
+            got = {p for _, p in phases[row]}
+            assert {f"NEGOTIATE_{phase}", phase} <= got, (row, got)
         for k in range(3):
-            got = {p for _, p in phases[f"{prefix}fused.{k}"]}
-            want = {"NEGOTIATE", "ALLREDUCE"}
+            got = {p for _, p in phases[f"allreduce.{prefix}fused.{k}"]}
+            want = {"NEGOTIATE_ALLREDUCE", "ALLREDUCE"}
             if transport == "tcp":
                 want |= {"MEMCPY_IN_FUSION_BUFFER", "MEMCPY_OUT_FUSION_BUFFER"}
             assert want <= got, (k, got)
@@ -158,12 +161,13 @@ def test_timeline_launcher_flag(tmp_path):
     r = run_job(2, "features", "timeline", transport="shm", launcher_args=[
         "--timeline-filename", path], timeout=50)
     r.assert_ok(2)
-    assert {"NEGOTIATE", "ALLREDUCE"} <= {p for _, p in load_timeline(path)["env.allreduce_one"]}
+    assert {"NEGOTIATE_ALLREDUCE", "ALLREDUCE"} <= {
+        p for _, p in load_timeline(path)["allreduce.env.allreduce_one"]}
     path = tmp_path / "alias.json"
     r = run_job(2, "features", "timeline", transport="tcp", env={"HOROVOD_TIMELINE": path},
                 timeout=50)
     r.assert_ok(2)
-    assert "env.fused.0" in load_timeline(path)
+    assert "allreduce.env.fused.0" in load_timeline(path)
 
 
 # -- stall inspector ------------------------------------------------------------------------

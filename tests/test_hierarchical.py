@@ -14,14 +14,14 @@ ALLGATHER_STEPS = ["INTRA_HOST_ALLGATHER", "CROSS_HOST_ALLGATHER", "INTRA_HOST_S
 
 
 def _begun(timeline):
-    """{tensor: [phase begun, ...]} in the order rank 0 recorded them."""
+    """{"<op>.<tensor>": [phase begun, ...]} in the order rank 0 recorded them."""
     return {t: [p for ph, p in seq if ph == "B"] for t, seq in load_timeline(timeline).items()}
 
 
 def _path(phases):
     """The algorithm that ran: the engine names it after the op's steps."""
     names = [p for p in phases if p.endswith(("_ALLREDUCE", "_ALLGATHER"))
-             and p not in ALLREDUCE_STEPS + ALLGATHER_STEPS]
+             and p not in ALLREDUCE_STEPS + ALLGATHER_STEPS and not p.startswith("NEGOTIATE_")]
     return names[-1] if names else None
 
 
@@ -38,13 +38,14 @@ def test_every_collective_forced_on(tmp_path):
                      "SPARK_HVD_TIMELINE": timeline}, timeout=280)
     r.assert_ok(4)
     begun = _begun(timeline)
-    ar = begun["global/large/ar_f32"]
+    ar = begun["allreduce.global/large/ar_f32"]
     assert _path(ar) == "HIERARCHICAL_ALLREDUCE", ar
     assert [p for p in ar if p in ALLREDUCE_STEPS] == ALLREDUCE_STEPS, ar
-    ag = begun["global/large/ag"]
+    ag = begun["allgather.global/large/ag"]
     assert _path(ag) == "HIERARCHICAL_ALLGATHER", ag
     assert [p for p in ag if p in ALLGATHER_STEPS] == ALLGATHER_STEPS, ag
-    subset = {_path(seq) for t, seq in begun.items() if t.startswith("set0/")}
+    subset = {_path(seq) for t, seq in begun.items()
+              if isinstance(t, str) and t.split(".", 1)[1].startswith("set0/")}
     assert set(HIERARCHICAL) <= subset, subset
 
 
@@ -69,8 +70,8 @@ def test_settings(tmp_path, mode):
                 env={**env, "SPARK_HVD_TIMELINE": timeline}, timeout=180)
     r.assert_ok(4)
     paths = {t: _path(seq) for t, seq in _begun(timeline).items()}
-    small, large = paths["sum_3"], paths["sum_4194305"]
-    fused, gather = paths["fused_0"], paths["gather"]
+    small, large = paths["allreduce.sum_3"], paths["allreduce.sum_4194305"]
+    fused, gather = paths["allreduce.fused_0"], paths["allgather.gather"]
     if mode == "on":
         assert (small, large, fused, gather) == ("HIERARCHICAL_ALLREDUCE",) * 3 + (
             "HIERARCHICAL_ALLGATHER",), paths
@@ -95,6 +96,6 @@ def test_uneven_hosts(tmp_path, hosts):
                 env={"SPARK_HVD_TIMELINE": timeline}, timeout=180)
     r.assert_ok(np_)
     paths = {t: _path(seq) for t, seq in _begun(timeline).items()}
-    assert paths["sum_4194305"] == "HIERARCHICAL_ALLREDUCE", paths
-    assert paths["sum_3"] == "RECURSIVE_DOUBLING_ALLREDUCE", paths
-    assert paths["gather"] == "HIERARCHICAL_ALLGATHER", paths
+    assert paths["allreduce.sum_4194305"] == "HIERARCHICAL_ALLREDUCE", paths
+    assert paths["allreduce.sum_3"] == "RECURSIVE_DOUBLING_ALLREDUCE", paths
+    assert paths["allgather.gather"] == "HIERARCHICAL_ALLGATHER", paths

@@ -140,8 +140,8 @@ void Engine::read_board() {
     if (timeline_.active())
       for (const auto& name : fused.names)
         if (table_.count(name)) {
-          timeline_.end(name, "NEGOTIATE");
-          timeline_.begin(name, "QUEUE");
+          timeline_.end(fused.op, name, Timeline::negotiate_phase(fused.op));
+          timeline_.begin(fused.op, name, "QUEUE");
         }
     execute(fused, true);
   }

@@ -15,26 +15,15 @@ namespace shvd {
 
 namespace {
 
-// Runs `body` inside a timeline phase for every named tensor (no-op when not recording).
+// Runs `body` inside a timeline phase for every tensor of `r` (no-op when not recording).
 template <typename F>
-void phase(Timeline& tl, const std::vector<std::string>& names, const char* what, F body) {
+void phase(Timeline& tl, const Response& r, const char* what, F body) {
   const bool on = tl.active();
   if (on)
-    for (const auto& n : names) tl.begin(n, what);
+    for (const auto& n : r.names) tl.begin(r.op, n, what);
   body();
   if (on)
-    for (const auto& n : names) tl.end(n, what);
-}
-
-const char* phase_name(OpType op) {
-  switch (op) {
-    case OpType::kAllreduce: return "ALLREDUCE";
-    case OpType::kAllgather: return "ALLGATHER";
-    case OpType::kBroadcast: return "BROADCAST";
-    case OpType::kAlltoall: return "ALLTOALL";
-    case OpType::kReducescatter: return "REDUCESCATTER";
-    default: return "COLLECTIVE";
-  }
+    for (const auto& n : r.names) tl.end(r.op, n, what);
 }
 
 double final_scale(const Response& r, int set_size) {
@@ -66,10 +55,10 @@ CollectiveCase collective_case(const Response& r, const Communicator& comm, size
 // Runs `first` (and the rows after it while they decline) and names the path that ran as an
 // empty phase at the end of the op's phase: a row may decline only while running, so the name
 // is known afterwards.
-void run_and_name(Timeline& tl, const std::vector<std::string>& names, const CollectiveCase& c,
+void run_and_name(Timeline& tl, const Response& r, const CollectiveCase& c,
                   const Algorithm& first, const CollectiveCall& call) {
   const Algorithm& ran = run_algorithm(c, first, call);
-  phase(tl, names, ran.name, [] {});
+  phase(tl, r, ran.name, [] {});
 }
 
 // What `call` takes from `c`; an algorithm's steps become phases of the response's tensors
@@ -79,7 +68,7 @@ void prepare_call(Timeline& tl, const Response& r, const CollectiveCase& c,
   call.ring_threshold_bytes = c.ring_threshold_bytes;
   if (tl.active())
     call.step = [&tl, &r](const char* step, bool begin) {
-      for (const auto& n : r.names) begin ? tl.begin(n, step) : tl.end(n, step);
+      for (const auto& n : r.names) begin ? tl.begin(r.op, n, step) : tl.end(r.op, n, step);
     };
 }
 
@@ -91,8 +80,8 @@ void run_collective(Timeline& tl, const Response& r, const CollectiveCase& c,
   call.dtype = r.dtype;
   call.reduce_op = r.reduce_op;
   call.root = r.root;
-  phase(tl, r.names, phase_name(r.op),
-        [&] { run_and_name(tl, r.names, c, choose_algorithm(c), call); });
+  phase(tl, r, Timeline::op_phase(r.op),
+        [&] { run_and_name(tl, r, c, choose_algorithm(c), call); });
 }
 
 // Whether the dispatcher's table hands `r` to the GPU path (a kDevice row: CUDA tensors) rather
@@ -187,7 +176,7 @@ void Engine::execute_response(const Response& resp) {
   for (const auto& name : resp.names) {
     auto it = table_.find(name);
     entries.push_back(it == table_.end() ? nullptr : &it->second);
-    if (it != table_.end() && timeline_.active()) timeline_.end(name, "QUEUE");
+    if (it != table_.end() && timeline_.active()) timeline_.end(resp.op, name, "QUEUE");
   }
   // Keep the response cache in step with the coordinator's.
   for (size_t i = 0; i < resp.names.size() && i < resp.cache_ids.size(); ++i)
@@ -260,8 +249,8 @@ void Engine::run_allreduce(const Response& r, std::vector<Entry*>& entries,
       if (entries[i]) call.tensors.push_back({entries[i]->input, entries[i]->output, counts[i]});
     call.prescale = r.prescale;
     call.postscale = post;
-    phase(timeline_, r.names, "ALLREDUCE",
-          [&] { run_and_name(timeline_, r.names, c, algo, call); });
+    phase(timeline_, r, "ALLREDUCE",
+          [&] { run_and_name(timeline_, r, c, algo, call); });
     return;
   }
   // One buffer reduced in place, scaled before and after.
@@ -269,20 +258,20 @@ void Engine::run_allreduce(const Response& r, std::vector<Entry*>& entries,
   auto reduce = [&](void* buf) {
     if (r.prescale != 1.0) scale_buffer(buf, total, r.dtype, r.prescale);
     call.tensors = {{buf, buf, total}};
-    run_and_name(timeline_, r.names, c, algo, call);
+    run_and_name(timeline_, r, c, algo, call);
     if (post != 1.0) scale_buffer(buf, total, r.dtype, post);
   };
   // A lone tensor is reduced in its own output, without the fusion buffer's copies.
   if (entries.size() == 1 && entries[0]) {
     Entry* e = entries[0];
-    phase(timeline_, r.names, "ALLREDUCE", [&] {
+    phase(timeline_, r, "ALLREDUCE", [&] {
       if (e->output != e->input) std::memcpy(e->output, e->input, total * esize);
       reduce(e->output);
     });
     return;
   }
   auto* fused = static_cast<uint8_t*>(fusion_.reserve(total * esize));
-  phase(timeline_, r.names, "MEMCPY_IN_FUSION_BUFFER", [&] {
+  phase(timeline_, r, "MEMCPY_IN_FUSION_BUFFER", [&] {
     size_t off = 0;
     for (size_t i = 0; i < entries.size(); ++i) {
       const size_t bytes = counts[i] * esize;
@@ -292,8 +281,8 @@ void Engine::run_allreduce(const Response& r, std::vector<Entry*>& entries,
       off += bytes;
     }
   });
-  phase(timeline_, r.names, "ALLREDUCE", [&] { reduce(fused); });
-  phase(timeline_, r.names, "MEMCPY_OUT_FUSION_BUFFER", [&] {
+  phase(timeline_, r, "ALLREDUCE", [&] { reduce(fused); });
+  phase(timeline_, r, "MEMCPY_OUT_FUSION_BUFFER", [&] {
     size_t off = 0;
     for (size_t i = 0; i < entries.size(); ++i) {
       const size_t bytes = counts[i] * esize;

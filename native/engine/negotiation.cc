@@ -75,7 +75,7 @@ void Engine::submit_queued(bool burst_over) {
   }
   for (Entry& e : entries) {
     const Request& req = e.request;
-    if (timeline_.active()) timeline_.begin(req.name, "NEGOTIATE");
+    if (timeline_.active()) timeline_.begin(req.op, req.name, Timeline::negotiate_phase(req.op));
     // Autotuning may switch the cache off: the requests then go out in full.
     const int64_t cached = tuned_.cache_enabled ? cache_.lookup(req) : -1;
     const ResponseCache::Answer* answer = cached >= 0 ? cache_.answer(uint32_t(cached)) : nullptr;
@@ -125,7 +125,8 @@ void Engine::run_coordinator(bool burst_over) {
       RequestBatch b = decode_request_batch(frame);
       last_activity_ = Clock::now();
       if (timeline_.active())
-        for (const auto& q : b.requests) timeline_.instant(q.name, "rank " + std::to_string(b.rank) + " ready");
+        for (const auto& q : b.requests)
+          timeline_.instant(q.op, q.name, "rank " + std::to_string(b.rank) + " ready");
       coordinator_->add_batch(b);
     }
   }
@@ -142,8 +143,8 @@ void Engine::run_coordinator(bool burst_over) {
     for (const Response& resp : batch.responses)
       for (const auto& name : resp.names)
         if (table_.count(name)) {
-          timeline_.end(name, "NEGOTIATE");
-          timeline_.begin(name, "QUEUE");
+          timeline_.end(resp.op, name, Timeline::negotiate_phase(resp.op));
+          timeline_.begin(resp.op, name, "QUEUE");
         }
   }
   batch.shutdown = coordinator_->all_shut_down();

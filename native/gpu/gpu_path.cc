@@ -353,7 +353,7 @@ void GpuPath::execute(const Response& r, std::vector<Entry*>& entries, const Com
     const bool staged = sc.staged || !nccl_can_run(r, comm);
     path = staged ? "CUDA_HOST_STAGED" : nccl_phase(r.op);
     if (timeline.active())
-      for (const auto& n : r.names) timeline.begin(n, path);
+      for (const auto& n : r.names) timeline.begin(r.op, n, path);
     if (staged) {
       run_staged(r, entries, comm, d);
     } else {
@@ -368,7 +368,7 @@ void GpuPath::execute(const Response& r, std::vector<Entry*>& entries, const Com
     host_.wake_waiters();
   }
   if (path && timeline.active())
-    for (const auto& n : r.names) timeline.end(n, path);
+    for (const auto& n : r.names) timeline.end(r.op, n, path);
 }
 
 void GpuPath::run_nccl(const Response& r, std::vector<Entry*>& entries, const SetComm& sc,

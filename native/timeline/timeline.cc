@@ -53,13 +53,44 @@ long long Timeline::now_us() const {
              std::chrono::steady_clock::now() - t0_).count();
 }
 
-int Timeline::row_for(const std::string& tensor) {
-  auto it = rows_.find(tensor);
+const char* Timeline::op_phase(OpType op) {
+  switch (op) {
+    case OpType::kAllreduce: return "ALLREDUCE";
+    case OpType::kAllgather: return "ALLGATHER";
+    case OpType::kBroadcast: return "BROADCAST";
+    case OpType::kAlltoall: return "ALLTOALL";
+    case OpType::kReducescatter: return "REDUCESCATTER";
+    case OpType::kBarrier: return "BARRIER";
+    case OpType::kJoin: return "JOIN";
+    case OpType::kAddProcessSet: return "ADD_PROCESS_SET";
+    case OpType::kRemoveProcessSet: return "REMOVE_PROCESS_SET";
+  }
+  return "COLLECTIVE";
+}
+
+const char* Timeline::negotiate_phase(OpType op) {
+  switch (op) {
+    case OpType::kAllreduce: return "NEGOTIATE_ALLREDUCE";
+    case OpType::kAllgather: return "NEGOTIATE_ALLGATHER";
+    case OpType::kBroadcast: return "NEGOTIATE_BROADCAST";
+    case OpType::kAlltoall: return "NEGOTIATE_ALLTOALL";
+    case OpType::kReducescatter: return "NEGOTIATE_REDUCESCATTER";
+    case OpType::kBarrier: return "NEGOTIATE_BARRIER";
+    case OpType::kJoin: return "NEGOTIATE_JOIN";
+    case OpType::kAddProcessSet: return "NEGOTIATE_ADD_PROCESS_SET";
+    case OpType::kRemoveProcessSet: return "NEGOTIATE_REMOVE_PROCESS_SET";
+  }
+  return "NEGOTIATE";
+}
+
+int Timeline::row_for(OpType op, const std::string& tensor) {
+  const std::string label = std::string(op_type_name(op)) + "." + tensor;
+  auto it = rows_.find(label);
   if (it != rows_.end()) return it->second;
   int row = int(rows_.size()) + 1;
-  rows_[tensor] = row;
+  rows_[label] = row;
   fprintf(file_, "%s{\"name\": \"process_name\", \"ph\": \"M\", \"pid\": %d, \"args\": {\"name\": \"%s\"}}",
-          first_event_ ? "" : ",\n", row, json_escape(tensor).c_str());
+          first_event_ ? "" : ",\n", row, json_escape(label).c_str());
   first_event_ = false;
   return row;
 }
@@ -74,19 +105,19 @@ void Timeline::write_event(int row, const char* ph, const std::string& name) {
   fflush(file_);
 }
 
-void Timeline::begin(const std::string& tensor, const char* phase) {
+void Timeline::begin(OpType op, const std::string& tensor, const char* phase) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (file_) write_event(row_for(tensor), "B", phase);
+  if (file_) write_event(row_for(op, tensor), "B", phase);
 }
 
-void Timeline::end(const std::string& tensor, const char* phase) {
+void Timeline::end(OpType op, const std::string& tensor, const char* phase) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (file_) write_event(row_for(tensor), "E", phase);
+  if (file_) write_event(row_for(op, tensor), "E", phase);
 }
 
-void Timeline::instant(const std::string& tensor, const std::string& what) {
+void Timeline::instant(OpType op, const std::string& tensor, const std::string& what) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (file_) write_event(row_for(tensor), "i", what);
+  if (file_) write_event(row_for(op, tensor), "i", what);
 }
 
 void Timeline::cycle() {

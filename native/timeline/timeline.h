@@ -1,6 +1,8 @@
 // Chrome-trace (chrome://tracing, Perfetto) timeline of every tensor's phases: negotiation,
-// fusion-buffer copies and the collective itself. One row ("process") per tensor name.
-// Written by rank 0, which sees negotiation for every rank.
+// fusion-buffer copies and the collective itself. Written by rank 0, which sees negotiation for
+// every rank. Named as Horovod's: one row ("process") per op and tensor, "allreduce.<name>";
+// negotiation as NEGOTIATE_<OP>, the collective as <OP> (ALLREDUCE, ...) with the path and the
+// fusion-buffer copies inside it; CYCLE_START marks engine cycles when asked for.
 #pragma once
 
 #include <chrono>
@@ -8,6 +10,8 @@
 #include <mutex>
 #include <string>
 #include <unordered_map>
+
+#include "../common/types.h"
 
 namespace shvd {
 
@@ -20,13 +24,19 @@ class Timeline {
   bool active() const { return file_ != nullptr; }
   bool mark_cycles() const { return mark_cycles_; }
 
-  void begin(const std::string& tensor, const char* phase);
-  void end(const std::string& tensor, const char* phase);
-  void instant(const std::string& tensor, const std::string& what);
+  // Phases of tensor `tensor` of an `op`: the row is "<op>.<tensor>" (allreduce.grad.0).
+  void begin(OpType op, const std::string& tensor, const char* phase);
+  void end(OpType op, const std::string& tensor, const char* phase);
+  void instant(OpType op, const std::string& tensor, const std::string& what);
   void cycle();
 
+  // ALLREDUCE, ALLGATHER, ...: the phase a collective runs in.
+  static const char* op_phase(OpType op);
+  // NEGOTIATE_ALLREDUCE, ...: from a tensor's submission until every member has it.
+  static const char* negotiate_phase(OpType op);
+
  private:
-  int row_for(const std::string& tensor);  // requires mu_
+  int row_for(OpType op, const std::string& tensor);  // requires mu_
   void write_event(int row, const char* ph, const std::string& name);  // requires mu_
   long long now_us() const;
 
@@ -35,7 +45,7 @@ class Timeline {
   bool mark_cycles_ = false;
   bool first_event_ = true;
   std::chrono::steady_clock::time_point t0_;
-  std::unordered_map<std::string, int> rows_;
+  std::unordered_map<std::string, int> rows_;  // by "<op>.<tensor>"
 };
 
 }  // namespace shvd

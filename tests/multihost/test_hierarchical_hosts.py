@@ -51,9 +51,9 @@ def test_results_exact_and_equal_across_hosts(bed2_2gbit_sshd, tmp_path):
     _run(bed2_2gbit_sshd, ["--hierarchical-allreduce", "--hierarchical-allgather"], "check",
          env={"SPARK_HVD_TIMELINE": str(timeline)})
     phases = _phases_begun(timeline)
-    assert phases["sum_4194305"][-4:] == ["INTRA_HOST_REDUCESCATTER", "CROSS_HOST_ALLREDUCE",
+    assert phases["allreduce.sum_4194305"][-4:] == ["INTRA_HOST_REDUCESCATTER", "CROSS_HOST_ALLREDUCE",
                                           "INTRA_HOST_ALLGATHER", "HIERARCHICAL_ALLREDUCE"]
-    assert phases["gather"][-4:] == ["INTRA_HOST_ALLGATHER", "CROSS_HOST_ALLGATHER",
+    assert phases["allgather.gather"][-4:] == ["INTRA_HOST_ALLGATHER", "CROSS_HOST_ALLGATHER",
                                      "INTRA_HOST_SHARE", "HIERARCHICAL_ALLGATHER"]
 
 
