@@ -12,11 +12,12 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def loadavg():
-    """The 1-minute load average, rounded to 2 places; None where the system does not say."""
+    """The 1-minute load average, rounded to 2 places; NaN where the system does not say (the
+    reports format it as ``nan`` where None would raise)."""
     try:
         return round(os.getloadavg()[0], 2)
     except (AttributeError, OSError):
-        return None
+        return float("nan")
 
 
 def free_port():
