@@ -1,6 +1,7 @@
 """setuptools glue: metadata lives in pyproject.toml; this file only hooks the native build.
 
-`pip install .` and `pip install -e .` both run build_py, which here first runs build.py to produce
+`pip install .` and `pip install -e .` both run build_py, which here first runs the native build
+(native_build/, what build.py runs) to produce
 spark_hvd/_core/libspark_hvd_core.so (and libspark_hvd_tf.so / libspark_hvd_torch.so when
 TensorFlow / torch is importable, and the MPI plugin libspark_hvd_mpi.so where mpicxx finds MPI;
 in the source tree, so an editable install sees it too), then
@@ -9,7 +10,7 @@ SPARK_HVD_DEBUG_BUILD=1 builds -O0 -g). The library is a ctypes-loaded C ABI obj
 of the Python version, so the wheel is tagged py3-none-<platform>.
 
 As with `python build.py`, a freshly linked core goes into the package only after its
-two-process smoke test passed; when it fails, the install stops with build.py's message (which
+two-process smoke test passed; when it fails, the install stops with the build's message (which
 compiler, what to do). SPARK_HVD_SKIP_SMOKE_TEST=1 skips the test, for cross builds only.
 """
 
@@ -21,7 +22,7 @@ from setuptools.command.build_py import build_py as _build_py
 from setuptools.dist import Distribution
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import build as native_build  # noqa: E402  (build.py next to this file)
+import native_build  # noqa: E402  (native_build/ next to this file, as build.py uses it)
 
 
 class build_py(_build_py):

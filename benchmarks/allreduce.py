@@ -42,12 +42,10 @@ import collections
 import datetime
 import json
 import os
-import platform
 import queue
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -55,10 +53,14 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORKER = os.path.join(HERE, "_helpers", "allreduce_worker.py")
+sys.path.insert(0, os.path.join(HERE, "_helpers"))
+
+from machine import free_port, host_description, loadavg, probe_gpus, source_version  # noqa: E402
+from printing import KiB, MiB, fmt_bw, fmt_size, log, parse_size, table  # noqa: E402
+
 MARK = "@@BENCH "
 NP = 2
 
-KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 DEFAULT_SIZES = [4, 64, KiB, 16 * KiB, 256 * KiB, MiB, 4 * MiB, 16 * MiB, 64 * MiB, 256 * MiB]
 SYSTEM_ORDER = ["spark_hvd", "spark_hvd_base", "gloo", "mpi"]
 CUDA_SYSTEM_ORDER = ["spark_hvd", "spark_hvd_base", "nccl", "gloo"]
@@ -79,30 +81,6 @@ TARGET_CUDA_LAT_VS_NCCL = 1.5    #   latency <= 1.5x torch NCCL's at TARGET_SMAL
 
 # ---------------------------------------------------------------------------------------------
 # Plan
-
-def parse_size(text):
-    """'4', '4B', '1KiB', '16MiB', '1K', '1M', '1G' -> bytes (binary units)."""
-    t = text.strip().lower().replace("ib", "").rstrip("b")
-    mult = 1
-    if t and t[-1] in "kmg":
-        mult = {"k": KiB, "m": MiB, "g": GiB}[t[-1]]
-        t = t[:-1]
-    try:
-        value = float(t) * mult
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"bad size {text!r} (examples: 4B, 1KiB, 16MiB)")
-    nbytes = int(value)
-    if nbytes < 4 or nbytes % 4:
-        raise argparse.ArgumentTypeError(f"size {text!r}: needs a multiple of 4 bytes (float32)")
-    return nbytes
-
-
-def fmt_size(nbytes):
-    for unit, scale in (("GiB", GiB), ("MiB", MiB), ("KiB", KiB)):
-        if nbytes >= scale and nbytes % scale == 0:
-            return f"{nbytes // scale} {unit}"
-    return f"{nbytes} B"
-
 
 def default_reps(nbytes, quick):
     """1000 repetitions up to 16 KiB, then 1000*sqrt(16 KiB/size): 250 at 256 KiB, 31 at
@@ -137,12 +115,6 @@ def build_plan(args):
 
 # ---------------------------------------------------------------------------------------------
 # Running one system
-
-def free_port():
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 def find_launcher():
     exe_dir = os.path.dirname(sys.executable)
@@ -229,25 +201,6 @@ def cuda_commands_for(system, worker, env, args):
         return [worker + ["--rank", str(r), "--size", str(NP), "--port", port] + extra
                 for r in range(NP)], env, None
     return None, env, "not measured with --device cuda"
-
-
-def probe_gpus():
-    """{"count": visible CUDA devices, "name": the first one's name, "error": ...}, asked of a
-    child process (this one never initialises CUDA)."""
-    if os.environ.get("BENCH_CUDA_DRY_RUN_ON_CPU") == "1":  # see _helpers/allreduce_worker.py
-        return {"count": 1, "name": "(dry run on the CPU)", "torch": None, "cuda": None}
-    code = ("import json, torch; n = torch.cuda.device_count(); "
-            "print(json.dumps({'count': n, 'name': torch.cuda.get_device_name(0) if n else None,"
-            " 'torch': torch.__version__, 'cuda': torch.version.cuda}))")
-    try:
-        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                             timeout=120)
-        info = json.loads(out.stdout.strip().splitlines()[-1])
-    except (OSError, subprocess.SubprocessError, ValueError, IndexError) as e:
-        return {"count": 0, "name": None, "error": f"{type(e).__name__}: {e}"}
-    if not info["count"]:
-        info["error"] = "torch.cuda.device_count() is 0"
-    return info
 
 
 _NCCL_VIA = re.compile(r"NCCL INFO .*\bvia (\S+)")
@@ -459,17 +412,6 @@ def merge_rounds(runs):
 # ---------------------------------------------------------------------------------------------
 # Report
 
-def loadavg():
-    try:
-        return round(os.getloadavg()[0], 2)
-    except (AttributeError, OSError):
-        return None
-
-
-def log(msg):
-    print(msg, file=sys.stderr, flush=True)
-
-
 def busbw(nbytes, seconds):
     return nbytes / seconds * 2 * (NP - 1) / NP / 1e9
 
@@ -481,14 +423,6 @@ def fmt_us(seconds):
     if us < 1000:
         return f"{us:.1f}"
     return f"{us:,.0f}"
-
-
-def fmt_bw(gbs):
-    if gbs >= 100:
-        return f"{gbs:.0f}"
-    if gbs >= 0.01:
-        return f"{gbs:.2f}"
-    return f"{gbs:.1e}"
 
 
 def fmt_ratio(r):
@@ -516,19 +450,6 @@ def cell_missing(result, key=None, variant=None):
     if table and not all(r.get("correct") for r in table.values()):
         return "WRONG"
     return "FAIL"
-
-
-def table(headers, rows, align):
-    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h)
-              for i, h in enumerate(headers)]
-    def line(cells):
-        out = []
-        for c, w, a in zip(cells, widths, align):
-            out.append(c.rjust(w) if a == "r" else c.ljust(w))
-        return "| " + " | ".join(out) + " |"
-    sep = "|" + "|".join(("-" * (w + 1) + ":") if a == "r" else ("-" * (w + 2))
-                         for w, a in zip(widths, align)) + "|"
-    return "\n".join([line(headers), sep] + [line(r) for r in rows])
 
 
 def report(results, plan, args, started):
@@ -785,31 +706,6 @@ def cuda_targets(results, plan, verdict, compare):
             verdict(staged == 0 and nccl_ops > 0, f"no host copy of a CUDA tensor: "
                     f"{staged} bytes staged through host memory, {nccl_ops} NCCL collectives "
                     "(rank 0, whole run)")
-
-
-def source_version():
-    """The checkout's commit (with '-dirty' for uncommitted changes), if this is a git tree."""
-    try:
-        out = subprocess.run(["git", "-C", HERE, "describe", "--always", "--dirty"],
-                             capture_output=True, text=True, timeout=10)
-        return out.stdout.strip() or None
-    except (OSError, subprocess.SubprocessError):
-        return None
-
-
-def host_description():
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    ncpu = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return f"{ncpu} CPU cores ({cpu}), {platform.system()} {platform.release()}, " \
-           f"Python {platform.python_version()}"
 
 
 # ---------------------------------------------------------------------------------------------

@@ -62,20 +62,11 @@ if REPO not in sys.path:      # a checkout run without `pip install -e .`
     sys.path.insert(1, REPO)
 
 import petastorm_env  # noqa: E402
+from machine import loadavg  # noqa: E402
+from printing import log  # noqa: E402
 
 LABELS = 10
 MARK = "@@BENCH "
-
-
-def log(message):
-    print(message, file=sys.stderr, flush=True)
-
-
-def loadavg():
-    try:
-        return round(os.getloadavg()[0], 2)
-    except OSError:
-        return float("nan")
 
 
 def median(values):

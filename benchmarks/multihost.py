@@ -53,10 +53,9 @@ REPO = os.path.dirname(HERE)
 sys.path.insert(0, os.path.join(HERE, "_helpers"))
 sys.path.insert(0, os.path.join(REPO, "tests", "multihost"))
 
-from allreduce import fmt_bw, fmt_size, host_description, loadavg, log, parse_size, \
-    source_version, table  # noqa: E402
+from machine import host_description, loadavg, source_version  # noqa: E402
+from printing import KiB, MiB, fmt_bw, fmt_size, log, parse_size, table  # noqa: E402
 
-KiB, MiB = 1 << 10, 1 << 20
 NP, HOSTS = 4, 2
 SYSTEMS = ("hier", "flat", "mpi", "gloo")
 LABEL = {"hier": "hier", "flat": "flat", "mpi": "Open MPI", "gloo": "gloo"}

@@ -59,7 +59,6 @@ import argparse
 import json
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -83,6 +82,7 @@ sys.path.insert(0, os.path.join(HERE, "_helpers"))
 # BENCH_CUDA_DRY_RUN_ON_CPU=1 (see _helpers/allreduce_worker.py): --device cuda's code run end to
 # end on CPU tensors (DDP on gloo) by whoever edits it on a machine without a GPU.
 from allreduce_worker import CUDA_DRY_RUN, pick_gpu, read_gpu_counters  # noqa: E402
+from machine import free_port, loadavg, probe_gpus  # noqa: E402
 
 
 def is_keras(model):
@@ -338,12 +338,6 @@ def keras_worker(args):
 # ---------------------------------------------------------------------------------------------
 # Driver
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def launcher():
     path = os.path.join(os.path.dirname(sys.executable), "spark-hvd-run")
     return [path] if os.path.exists(path) else [sys.executable, "-m", "spark_hvd.runner"]
@@ -413,13 +407,6 @@ def run_config(config, args):
     raise RuntimeError(f"{config} failed:\n" + "\n".join(t[-3000:] for t in out))
 
 
-def load():
-    try:
-        return os.getloadavg()[0]
-    except OSError:
-        return float("nan")
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="1 round, fewer repetitions")
@@ -455,7 +442,6 @@ def main():
     args.models = [m for m in args.models.split(",") if m]
     args.gpu = None
     if cuda:
-        from allreduce import probe_gpus
         args.gpu = probe_gpus()
         if args.gpu.get("error"):
             print(f"--device cuda: no usable GPU ({args.gpu['error']})", file=sys.stderr)
@@ -478,13 +464,13 @@ def main():
     for r in range(rounds):
         order = configs[r % len(configs):] + configs[:r % len(configs)]
         for config in order:
-            before = load()
+            before = loadavg()
             print(f"[scaling] round {r + 1}/{rounds}: {LABEL[config]} (load {before:.2f})",
                   file=sys.stderr, flush=True)
             record = run_config(config, args)
             runs[config].append(record["results"])
             last_meta[config] = record.get("meta")
-            loads.append((config, before, load()))
+            loads.append((config, before, loadavg()))
     stats = summarize(runs, args.models)
     if cuda:
         metas = {c: m for c in configs for m in [last_meta.get(c)] if m}

@@ -4,8 +4,8 @@ coordinator), hierarchy_test.cc (how sets spanning hosts split for hierarchical 
 autotune_test.cc (the Gaussian process, Bayesian optimisation and the autotuner's sampling)
 and wakeup_bench.cc (what a cross-process hand-off costs here; printed with -s).
 
-Each program is compiled by build.build_test_program with the library's release flags and cached
-under build/native/tests/ by a hash of its sources, so reruns only pay for the run.
+Each program is compiled by native_build.build_test_program with the library's release flags and
+cached under build/native/tests/ by a hash of its sources, so reruns only pay for the run.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-import build  # noqa: E402  (the repository's build script)
+import native_build  # noqa: E402  (the repository's native build, as build.py runs it)
 
 CONTROLLER_TEST = [
     "tests/controller_test.cc",
@@ -61,8 +61,8 @@ pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"),
 
 def _run(name: str, sources: list[str], args: tuple[str, ...] = ()) -> None:
     try:
-        binary = build.build_test_program(name, sources)
-    except build.BuildError as e:
+        binary = native_build.build_test_program(name, sources)
+    except native_build.BuildError as e:
         pytest.fail(f"compiling {name} failed: {e}")
     proc = subprocess.run([str(binary), *args], capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
     report = proc.stdout + ("\n--- stderr ---\n" + proc.stderr if proc.stderr else "")

@@ -39,21 +39,21 @@ def test_tf_build_config_is_kept_per_installation(tmp_path):
     saved for another installation is replaced by the real flags."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     try:
-        import build
+        from native_build.frameworks import framework_config
     finally:
         sys.path.pop(0)
-    first = build._framework_config("tensorflow", sys.executable, tmp_path)
+    first = framework_config("tensorflow", sys.executable, tmp_path)
     assert first and first["version"] and any(f.startswith("-I") for f in first["compile"])
     saved = json.loads((tmp_path / "tensorflow_config.json").read_text())
     assert saved["config"] == first
     # The saved answer is what the next build uses (a marker proves nothing was imported).
     saved["config"] = dict(first, version="marker")
     (tmp_path / "tensorflow_config.json").write_text(json.dumps(saved))
-    assert build._framework_config("tensorflow", sys.executable, tmp_path)["version"] == "marker"
+    assert framework_config("tensorflow", sys.executable, tmp_path)["version"] == "marker"
     # Another installation (here: another __init__ size) is asked again.
     saved["identity"][2] += 1
     (tmp_path / "tensorflow_config.json").write_text(json.dumps(saved))
-    assert build._framework_config("tensorflow", sys.executable, tmp_path) == first
+    assert framework_config("tensorflow", sys.executable, tmp_path) == first
 
 
 @pytest.mark.parametrize("library", ["missing", "not an op library", "no such op", "disabled"])
