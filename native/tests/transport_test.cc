@@ -899,11 +899,11 @@ void test_no_progress_bound() {
     }));
   }
   NoProgressWatch watch;
-  watch.check(2);  // within the bound: nothing
+  watch.check({2});  // within the bound: nothing
   std::this_thread::sleep_for(std::chrono::milliseconds(250));
   std::string error;
   try {
-    watch.check(2);
+    watch.check({2});
   } catch (const PeerLostError& e) {
     error = e.what();
   }
