@@ -324,6 +324,7 @@ int32_t shvd_init(const shvd_init_options* o) {
     eo.coordinator.cache_capacity = size_t(o->cache_capacity);
     eo.coordinator.stall_warning_seconds = o->stall_warning_seconds;
     eo.coordinator.stall_shutdown_seconds = o->stall_shutdown_seconds;
+    eo.coordinator.deadlock_check_seconds = o->deadlock_check_seconds;
     if (o->ring_threshold_bytes > 0) eo.ring_threshold_bytes = size_t(o->ring_threshold_bytes);
     if (o->shm_chunk_bytes > 0) eo.shm_group.chunk_bytes = uint64_t(o->shm_chunk_bytes);
     eo.shm_group.single_copy = o->shm_single_copy != 0;

@@ -194,10 +194,46 @@ def test_stall_shutdown(transport):
     for the stalled op and later ones."""
     r = run_job(3, "features", "stall_shutdown", transport=transport,
                 env={"SPARK_HVD_STALL_CHECK_TIME_SECONDS": 1,
-                     "SPARK_HVD_STALL_SHUTDOWN_TIME_SECONDS": 2}, timeout=50)
+                     "SPARK_HVD_STALL_SHUTDOWN_TIME_SECONDS": 2,
+                     # a deadlock, which the deadlock check would end first
+                     "SPARK_HVD_DEADLOCK_CHECK_SECONDS": 0}, timeout=50)
     r.assert_ok(3)
     for k in range(3):
         assert float(r.field(k, "elapsed")) < 15
+
+
+# -- deadlock check -------------------------------------------------------------------------
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("case,np_,transport", [
+    ("order", 2, "shm"), ("order", 2, "tcp"), ("order", 3, "hosts"),
+    ("cached", 2, "shm"), ("cached", 3, "tcp"),
+    ("sets", 3, "shm"), ("skipped", 3, "hosts"),
+])
+def test_deadlock_check(case, np_, transport):
+    """Ranks blocked in collectives that can never match (submitted in different orders, a
+    skipped op, a process set op one member never submits): every rank gets
+    HorovodInternalError naming each rank's pending op, within a few seconds, with the stall
+    inspector at its defaults (warning at 60 s, no shutdown)."""
+    r = run_job(np_, "features", "deadlock", case, transport=transport,
+                env={"SPARK_HVD_DYNAMIC_PROCESS_SETS": 1}, timeout=50)
+    r.assert_ok(np_)
+    for k in range(np_):
+        assert float(r.field(k, "elapsed")) < 20
+    # Every rank is named with what it waits for.
+    msg = r.field(0, "msg")
+    for k in range(np_):
+        assert f"rank_{k}" in msg, msg
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_no_deadlock_while_a_rank_computes(transport):
+    """A rank that computes longer than the check's delay before submitting, and a rank whose
+    second thread submits what the others wait for, are not deadlocks: the ops complete."""
+    r = run_job(3, "features", "no_deadlock", transport=transport,
+                env={"SPARK_HVD_DEADLOCK_CHECK_SECONDS": 2}, timeout=50)
+    r.assert_ok(3)
 
 
 # -- join -----------------------------------------------------------------------------------

@@ -24,6 +24,7 @@ import native_build  # noqa: E402  (the repository's native build, as build.py r
 CONTROLLER_TEST = [
     "tests/controller_test.cc",
     "controller/coordinator.cc",
+    "controller/deadlock.cc",
     "controller/message.cc",
     "controller/mismatch.cc",
     "controller/negotiation_board.cc",

@@ -12,7 +12,8 @@ Coordinator::Coordinator(int world_size, ProcessSets* sets, ResponseCache* cache
       sets_(sets),
       options_(options),
       cache_(cache),
-      stalls_(options.stall_warning_seconds, options.stall_shutdown_seconds) {}
+      stalls_(options.stall_warning_seconds, options.stall_shutdown_seconds),
+      deadlock_(world_size, std::chrono::milliseconds(200)) {}
 
 void Coordinator::add_batch(const RequestBatch& batch) {
   for (uint32_t id : batch.cached) {
@@ -32,6 +33,11 @@ void Coordinator::add_batch(const RequestBatch& batch) {
       add_request(batch.rank, c.by_rank[batch.rank]);
   }
   for (const Request& r : batch.requests) add_request(batch.rank, r);
+  if (batch.blocked == RequestBatch::Blocked::kBlocked)
+    deadlock_.blocked(batch.rank, batch.blocked_on);
+  else if (batch.blocked == RequestBatch::Blocked::kMoving || !batch.requests.empty() ||
+           !batch.cached.empty() || batch.shutdown)
+    deadlock_.moving(batch.rank);
   if (batch.shutdown) {
     shut_down_.insert(batch.rank);
     take_over_all();
@@ -394,6 +400,13 @@ std::string Coordinator::inspect_stalls(Clock::time_point now,
     if (!abort.empty()) return abort;
   }
   return "";
+}
+
+std::string Coordinator::inspect_deadlock(Clock::time_point now) {
+  if (options_.deadlock_check_seconds <= 0) return "";
+  // Something is ready to answer: it will move.
+  if (!ready_.empty() || !cached_ready_.empty()) return "";
+  return deadlock_.check(now, *sets_, joined_);
 }
 
 }  // namespace shvd

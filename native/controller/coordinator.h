@@ -12,6 +12,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "deadlock.h"
 #include "message.h"
 #include "negotiation_board.h"
 #include "process_sets.h"
@@ -25,6 +26,9 @@ struct CoordinatorOptions {
   size_t cache_capacity = 1024;        // response-cache entries (0 disables; see ResponseCache)
   double stall_warning_seconds = 60;   // <= 0 disables the stall inspector
   double stall_shutdown_seconds = 0;   // > 0: abort the job after this long
+  // Every rank blocked this long in collectives none can complete ends the job (deadlock.h;
+  // each rank's engine reports after this long). <= 0: no deadlock check.
+  double deadlock_check_seconds = 2;
 };
 
 class Coordinator {
@@ -54,6 +58,10 @@ class Coordinator {
   // Warnings for tensors some ranks submitted and others did not (stall inspector). Returns a
   // non-empty message when the stall exceeded the shutdown limit and the job must abort.
   std::string inspect_stalls(Clock::time_point now, const std::function<void(const std::string&)>& warn);
+
+  // The deadlock check (deadlock.h): a non-empty message when every rank is blocked in
+  // collectives none of which can complete, and the job must end.
+  std::string inspect_deadlock(Clock::time_point now);
 
  private:
   struct Pending {
@@ -110,6 +118,7 @@ class Coordinator {
   std::vector<CachedWait> waits_;        // by cache id
   std::vector<uint32_t> cached_ready_;  // fast-path ids ready on every member, in order
   StallInspector stalls_;
+  DeadlockDetector deadlock_;
 
   // The board's ids this coordinator decides for now: disabled there, so ranks send them over
   // TCP. Arrivals already on the board are moved into pending_ (their first_seen: `since`).

@@ -115,6 +115,13 @@ std::string encode(const RequestBatch& b) {
   w.vec(b.cached);
   w.pod<uint32_t>(b.requests.size());
   for (const auto& r : b.requests) write_request(w, r);
+  w.pod<uint8_t>(uint8_t(b.blocked));
+  w.pod<uint32_t>(b.blocked_on.size());
+  for (const auto& p : b.blocked_on) {
+    w.str(p.name);
+    w.pod<int32_t>(int32_t(p.op));
+    w.pod(p.process_set);
+  }
   return std::move(w.out);
 }
 
@@ -126,6 +133,15 @@ RequestBatch decode_request_batch(const std::string& bytes) {
   b.cached = rd.vec<uint32_t>();
   uint32_t n = rd.pod<uint32_t>();
   for (uint32_t i = 0; i < n; ++i) b.requests.push_back(read_request(rd));
+  b.blocked = RequestBatch::Blocked(rd.pod<uint8_t>());
+  const uint32_t blocked_on = rd.pod<uint32_t>();
+  for (uint32_t i = 0; i < blocked_on; ++i) {
+    PendingOp p;
+    p.name = rd.str();
+    p.op = OpType(rd.pod<int32_t>());
+    p.process_set = rd.pod<int32_t>();
+    b.blocked_on.push_back(std::move(p));
+  }
   return b;
 }
 

@@ -31,11 +31,23 @@ struct Request {
   bool same_params(const Request& o) const;
 };
 
+// A collective a blocked rank waits for (the deadlock check, deadlock.h).
+struct PendingOp {
+  std::string name;
+  OpType op = OpType::kAllreduce;
+  int32_t process_set = 0;
+};
+
 struct RequestBatch {
   int32_t rank = 0;
   std::vector<Request> requests;
   std::vector<uint32_t> cached;  // response-cache ids standing for a request seen before
   bool shutdown = false;
+  // The deadlock check: the rank is blocked on `blocked_on` (kBlocked), or moves again after
+  // such a report (kMoving).
+  enum class Blocked : uint8_t { kNoChange = 0, kBlocked = 1, kMoving = 2 };
+  Blocked blocked = Blocked::kNoChange;
+  std::vector<PendingOp> blocked_on;
 };
 
 // The coordinator's decision for one or more tensors (several = fused into one collective).

@@ -138,6 +138,7 @@ void Engine::loop() {
       if (timeline_.active()) timeline_.cycle();
       if (options_.rank == 0) run_coordinator(burst_over);
       else run_worker(burst_over);
+      report_blocked();
     }
   } catch (const std::exception& e) {
     abort_job(e.what());

@@ -127,6 +127,11 @@ class Engine : public gpu::GpuPath::Host {
   // Rank 0: sends a response batch to every rank (with the tuner's new setting when one is
   // due) and runs it here, or, with a board, marks its place in the log.
   void send_batch(ResponseBatch batch);
+  // The deadlock check (controller/deadlock.h): reports to the coordinator that this rank's
+  // user threads have waited for results, with nothing submitted or executed, for the check's
+  // delay, or that it moves again after such a report.
+  void report_blocked();
+  void send_blocked_state(RequestBatch::Blocked state);
   // Every rank, where it executes a batch that carries settings: they apply from here on.
   void apply_params(const TunedParams& params);
   // Before executing a collective: the tuner's measurement (rank 0) and executed_params().
@@ -212,6 +217,11 @@ class Engine : public gpu::GpuPath::Host {
   Clock::time_point last_activity_{};
   // Requests taken from the queue and not yet sent to the coordinator.
   RequestBatch unsent_;
+  // The deadlock check: when this rank last took new ops or executed a response, and whether
+  // (since when) it has reported itself blocked.
+  Clock::time_point moved_at_ = Clock::now();
+  bool blocked_reported_ = false;
+  Clock::time_point blocked_reported_at_{};
   // Bursts. Ops enqueued in quick succession (a step's gradients) are collected into one
   // batch: while a burst is open the engine sleeps and further enqueues do not wake it. The
   // burst ends, and its requests go to the coordinator, when a user thread waits for (or

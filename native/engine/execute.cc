@@ -131,7 +131,7 @@ const Communicator& Engine::communicator(int process_set) {
 }
 
 void Engine::execute(const Response& resp, bool from_board) {
-  last_activity_ = Clock::now();
+  last_activity_ = moved_at_ = Clock::now();
   if (!from_board) cache_.remember_answers(resp, sets_);
   execute_response(resp);
   handles_.wake_waiters();

@@ -2,6 +2,7 @@
 // length-prefixed frames on its control link; rank 0 answers with response batches that every
 // rank executes in the same order. With a negotiation board (board.cc) the batches are executed
 // where their markers stand in the shared log instead of on arrival.
+#include <algorithm>
 #include <cstring>
 #include <exception>
 
@@ -51,6 +52,11 @@ std::vector<std::string> Engine::read_frames(int peer) {
 void Engine::submit_queued(bool burst_over) {
   bool awaited = false;
   std::vector<Entry> entries = take_queue(&awaited);
+  if (!entries.empty()) {
+    moved_at_ = Clock::now();
+    // Before these ops can complete anything (on the board, unseen by the coordinator).
+    if (blocked_reported_) send_blocked_state(RequestBatch::Blocked::kMoving);
+  }
   RequestBatch& batch = unsent_;
   batch.rank = options_.rank;
   bool flush = burst_over;
@@ -135,6 +141,11 @@ void Engine::run_coordinator(bool burst_over) {
     log_message(LogLevel::kWarning, "%s", msg.c_str());
   });
   if (!stall.empty()) throw PeerLostError(stall);
+  // A board entry not yet executed here may be what completes a blocked rank's op.
+  if (!board_has_work()) {
+    const std::string deadlock = coordinator_->inspect_deadlock(now);
+    if (!deadlock.empty()) throw PeerLostError(deadlock);
+  }
 
   ResponseBatch batch;
   batch.responses = coordinator_->take_ready();
@@ -218,6 +229,43 @@ void Engine::run_worker(bool burst_over) {
     if (finished_) break;
   }
   read_board();
+}
+
+void Engine::report_blocked() {
+  const double after = options_.coordinator.deadlock_check_seconds;
+  if (after <= 0 || options_.size < 2 || finished_) return;
+  const auto now = Clock::now();
+  if (blocked_reported_) {
+    // Executed something since (taking new ops sends the notice in submit_queued), or nobody
+    // waits any more.
+    if (moved_at_ > blocked_reported_at_ || handles_.waiters() == 0 || table_.empty())
+      send_blocked_state(RequestBatch::Blocked::kMoving);
+    return;
+  }
+  if (handles_.waiters() == 0 || table_.empty() ||
+      now - moved_at_ < std::chrono::duration<double>(after))
+    return;
+  {
+    std::lock_guard<std::mutex> lock(queue_mu_);
+    if (!queue_.empty()) return;
+  }
+  send_blocked_state(RequestBatch::Blocked::kBlocked);
+}
+
+void Engine::send_blocked_state(RequestBatch::Blocked state) {
+  RequestBatch b;
+  b.rank = options_.rank;
+  b.blocked = state;
+  if (state == RequestBatch::Blocked::kBlocked) {
+    for (const auto& kv : table_)
+      b.blocked_on.push_back({kv.first, kv.second.request.op, kv.second.request.process_set});
+    std::sort(b.blocked_on.begin(), b.blocked_on.end(),
+              [](const PendingOp& a, const PendingOp& o) { return a.name < o.name; });
+  }
+  blocked_reported_ = state == RequestBatch::Blocked::kBlocked;
+  blocked_reported_at_ = Clock::now();
+  if (options_.rank == 0) coordinator_->add_batch(b);
+  else send_frame(mesh_.control[0].get(), encode(b));
 }
 
 }  // namespace shvd

@@ -122,6 +122,10 @@ typedef struct {
    * SHVD_SHARED_GPU_HOST (0) through host memory, SHVD_SHARED_GPU_NCCL (1) through NCCL with a
    * host identity per rank (SPARK_HVD_SHARED_GPU). */
   int32_t shared_gpu;
+  /* Every rank blocked this long (a user thread waits, nothing new submitted or executed) in
+   * collectives none of which can complete (each waits for one another rank never submitted)
+   * ends the job with an error naming each rank's pending ops (<= 0: no deadlock check). */
+  double deadlock_check_seconds;
 } shvd_init_options;
 
 enum {

@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "../controller/coordinator.h"
+#include "../controller/deadlock.h"
 #include "../controller/mismatch.h"
 #include "../controller/negotiation_board.h"
 #include "../controller/response_cache.h"
@@ -369,6 +370,57 @@ void test_coordinator_stall_on_board() {
 
 }  // namespace
 
+void test_deadlock_detector() {
+  ProcessSets sets;
+  sets.reset(3);
+  const int pair = sets.add({0, 1});
+  using C = DeadlockDetector::Clock;
+  const C::time_point t0 = C::now();
+  auto at = [&](int ms) { return t0 + std::chrono::milliseconds(ms); };
+  auto op = [](const std::string& n, OpType o = OpType::kAllreduce, int set = 0) {
+    return PendingOp{n, o, set};
+  };
+  DeadlockDetector d(3, std::chrono::milliseconds(200));
+  // Not every rank reported: nothing to decide.
+  d.blocked(0, {op("a")});
+  d.blocked(1, {op("b")});
+  CHECK(d.diagnose(sets, {}).empty() && d.check(at(0), sets, {}).empty());
+  // Every rank blocked, each op missing a rank: suspected, then confirmed 200 ms later.
+  d.blocked(2, {op("b")});
+  CHECK(!d.diagnose(sets, {}).empty());
+  CHECK(d.check(at(0), sets, {}).empty());
+  CHECK(d.check(at(100), sets, {}).empty());
+  const std::string msg = d.check(at(250), sets, {});
+  CHECK(msg.find("deadlock") == 0);
+  CHECK(msg.find("rank 0 waits for allreduce 'a' (not submitted by ranks 1, 2)") !=
+        std::string::npos);
+  CHECK(msg.find("rank 2 waits for allreduce 'b' (not submitted by rank 0)") != std::string::npos);
+  // A report that changes restarts the confirmation; one that completes an op clears it.
+  d.blocked(0, {op("a"), op("c")});
+  CHECK(d.check(at(300), sets, {}).empty());
+  d.blocked(0, {op("b")});  // rank 0 now waits for 'b' too: every member has it
+  CHECK(d.diagnose(sets, {}).empty());
+  d.moving(0);
+  CHECK(d.diagnose(sets, {}).empty());
+  // A joined rank is no member an allreduce waits for, but other ops still need it.
+  d.blocked(0, {op("__join__", OpType::kJoin)});
+  d.blocked(1, {op("x")});
+  d.blocked(2, {op("x")});
+  CHECK(d.diagnose(sets, {0}).empty());
+  d.blocked(1, {op("g", OpType::kAllgather)});
+  d.blocked(2, {op("g", OpType::kAllgather)});
+  CHECK(!d.diagnose(sets, {0}).empty());
+  // Process sets: an op of {0, 1} needs only those two.
+  d.blocked(0, {op("p", OpType::kAllreduce, pair)});
+  d.blocked(1, {op("p", OpType::kAllreduce, pair)});
+  d.blocked(2, {op("q")});
+  CHECK(d.diagnose(sets, {}).empty());
+  d.blocked(1, {op("q")});
+  const std::string sets_msg = d.diagnose(sets, {});
+  CHECK(sets_msg.find("allreduce 'p' (not submitted by rank 1)") != std::string::npos);
+  CHECK(sets_msg.find("allreduce 'q' (not submitted by rank 0)") != std::string::npos);
+}
+
 int main(int argc, char** argv) {
   if (argc > 1) g_filter = argv[1];
   run_test("response cache: the rank's view", test_cache_rank_view);
@@ -385,5 +437,6 @@ int main(int argc, char** argv) {
   run_test("coordinator: takes board ids over", test_coordinator_takes_board_ids_over);
   run_test("coordinator: join takes the board over", test_coordinator_join_takes_board_over);
   run_test("coordinator: stall on the board", test_coordinator_stall_on_board);
+  run_test("deadlock detector", test_deadlock_detector);
   return summary();
 }

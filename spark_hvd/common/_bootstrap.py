@@ -231,6 +231,7 @@ def start(config, comm=None, process_sets=(), rendezvous=None, placement=None, s
         autotune_gaussian_process_noise=config.autotune_gaussian_process_noise,
         autotune_fixed=config.autotune_fixed_bits(),
         peer_timeout_seconds=config.peer_timeout, shared_gpu=config.shared_gpu,
+        deadlock_check_seconds=config.deadlock_check_seconds,
         **mpi_options)
     try:
         check(lib.shvd_init(opts))

@@ -15,6 +15,9 @@ from . import _bootstrap_contract as contract
 DEFAULT_FUSION_THRESHOLD = 128 * 1024 * 1024
 # 25 s + the last probe tick (< 1 s) + the abort stays within the 30 s bound the docs promise.
 DEFAULT_PEER_TIMEOUT_SECONDS = 25.0
+# Long enough that a thread about to submit the op another rank waits for is not mistaken for a
+# deadlock; short next to the stall inspector's 60 s (native/controller/deadlock.h).
+DEFAULT_DEADLOCK_CHECK_SECONDS = 2.0
 
 
 def env(name, default=None):
@@ -100,6 +103,9 @@ class Config:
         else:
             self.stall_warning_seconds = env_float("STALL_CHECK_TIME_SECONDS", 60.0)
         self.stall_shutdown_seconds = env_float("STALL_SHUTDOWN_TIME_SECONDS", 0.0)
+        # Every rank blocked this long in collectives none can complete ends the job (0: off).
+        self.deadlock_check_seconds = env_float("DEADLOCK_CHECK_SECONDS",
+                                                DEFAULT_DEADLOCK_CHECK_SECONDS)
         self.ring_threshold = env_int("RING_THRESHOLD", 0)
         timeline = env("TIMELINE", "")
         # DYNAMIC (Horovod's value): no timeline at start; start_timeline() / stop_timeline()
@@ -152,7 +158,8 @@ class Config:
                             ("SHM_SINGLE_COPY_MIN_BYTES", self.shm_single_copy_min_bytes),
                             ("SHM_PIPE_BYTES", self.shm_pipe_bytes),
                             ("TCP_BUFFER_BYTES", self.tcp_buffer_bytes),
-                            ("PEER_TIMEOUT_SECONDS", self.peer_timeout)):
+                            ("PEER_TIMEOUT_SECONDS", self.peer_timeout),
+                            ("DEADLOCK_CHECK_SECONDS", self.deadlock_check_seconds)):
             if value is not None and value < 0:
                 raise ValueError(f"SPARK_HVD_{name} must be >= 0, got {value}")
         if self.cycle_time_ms < 0:

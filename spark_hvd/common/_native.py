@@ -56,6 +56,7 @@ class InitOptions(ctypes.Structure):
         ("mpi_comm", ctypes.c_int64),
         ("mpi_plugin", ctypes.c_char_p),
         ("shared_gpu", ctypes.c_int32),
+        ("deadlock_check_seconds", ctypes.c_double),
     ]
 
 

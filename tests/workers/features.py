@@ -181,6 +181,84 @@ def stall_shutdown(c):
     c.fields["msg"] = repr(str(e))[:160].replace(" ", "_")
 
 
+# -- deadlock check -------------------------------------------------------------------------
+
+def deadlock(c, case="order"):
+    """Ranks blocked in collectives that can never match must end with HorovodInternalError on
+    every rank, naming what each rank waits for, well before the stall inspector's 60 s.
+
+    order:   rank 0 runs allreduce 'a' then 'b', the others 'b' then 'a' (fresh names: the
+             coordinator negotiates them)
+    cached:  the same after three rounds in one order (cached names: on one host the shared-
+             memory board agrees on them, unseen by the coordinator)
+    sets:    rank 0 waits in a process set {0, 1} op that rank 1 never submits, rank 1 and the
+             rest in a global op rank 0 never submits
+    skipped: every rank but the last runs allreduce 'step.1'; the last skipped it and waits in
+             'step.2'
+    """
+    rank, size = hvd.rank(), hvd.size()
+    x = np.ones(4, np.float32)
+    pair = None
+    if case == "cached":
+        for _ in range(3):
+            for name in ("a", "b"):
+                c.check(np.all(hvd.allreduce(x, name=name, op=hvd.Sum) == size), name)
+    if case == "sets":
+        pair = hvd.add_process_set([0, 1])
+    t0 = time.time()
+    match = ["deadlock", "SPARK_HVD_DEADLOCK_CHECK_SECONDS"]
+    if case in ("order", "cached"):
+        first, then = ("a", "b") if rank == 0 else ("b", "a")
+        e = c.raises("mismatched order", hvd.HorovodInternalError, hvd.allreduce, x,
+                     name=first, op=hvd.Sum,
+                     match=match + ["rank 0", "waits for allreduce 'a' (not submitted by rank"])
+        del then
+    elif case == "sets":
+        if rank == 0:
+            e = c.raises("set op", hvd.HorovodInternalError, hvd.allreduce, x, name="in_pair",
+                         process_set=pair, match=match + ["allreduce 'in_pair"])
+        else:
+            e = c.raises("global op", hvd.HorovodInternalError, hvd.allreduce, x,
+                         name="global", match=match + ["allreduce 'global' (not submitted by "
+                                                       "rank 0"])
+    else:
+        name = "step.2" if rank == size - 1 else "step.1"
+        e = c.raises("skipped op", hvd.HorovodInternalError, hvd.allreduce, x, name=name,
+                     match=match + [f"allreduce 'step.1' (not submitted by rank {size - 1}"])
+    elapsed = time.time() - t0
+    c.check(elapsed < 20, f"the deadlock took {elapsed:.1f} s to end the job")
+    c.raises("op after the deadlock", hvd.HorovodInternalError, hvd.allreduce, x, name="later")
+    hvd.shutdown()
+    c.fields["elapsed"] = f"{elapsed:.1f}"
+    c.fields["msg"] = repr(str(e))[:400].replace(" ", "_")
+
+
+def no_deadlock(c):
+    """Waits that end are not deadlocks: a rank that computes for longer than the check's
+    delay before submitting (the others wait meanwhile), and a rank whose main thread waits
+    for an op that a second thread of its submits later."""
+    import threading
+    rank, size = hvd.rank(), hvd.size()
+    x = np.ones(4, np.float32)
+    if rank == size - 1:
+        time.sleep(3.5)
+    c.check(np.all(hvd.allreduce(x, name="slow", op=hvd.Sum) == size), "slow")
+    # Rank 0's main thread waits for 'late' at once; its second thread submits 'early', which
+    # the others wait for first, 1 s later.
+    if rank == 0:
+        got = {}
+        t = threading.Timer(1.0, lambda: got.update(early=hvd.allreduce(x, name="early")))
+        t.start()
+        late = hvd.allreduce(x, name="late", op=hvd.Sum)
+        t.join()
+        c.check(np.all(got["early"] == 1), "early")
+    else:
+        c.check(np.all(hvd.allreduce(x, name="early") == 1), "early")
+        late = hvd.allreduce(x, name="late", op=hvd.Sum)
+    c.check(np.all(late == size), "late")
+    hvd.shutdown()
+
+
 # -- join -----------------------------------------------------------------------------------
 
 def join(c, order="ascending"):
