@@ -258,6 +258,9 @@ int32_t shvd_init(const shvd_init_options* o) {
       std::lock_guard<std::mutex> lock(g_mu);
       if (g_engine) return fail(SHVD_ERR_STATE, "spark_hvd is already initialized");
     }
+    // An abort of the previous engine (a lost peer) ends with it: connecting the new mesh
+    // checks the flag (elastic re-forms the job in the same process).
+    global_abort().reset();
     if (o->size < 1 || o->rank < 0 || o->rank >= o->size)
       return fail(SHVD_ERR_INVALID, "invalid rank " + std::to_string(o->rank) + " for size " +
                                         std::to_string(o->size));
@@ -387,6 +390,24 @@ int32_t shvd_shutdown(void) {
 }
 
 int32_t shvd_is_initialized(void) { return engine() ? 1 : 0; }
+
+int32_t shvd_abort(const char* why) {
+  return guarded([&]() -> int32_t {
+    if (auto e = engine()) e->abort(why ? why : "");
+    return 0;
+  });
+}
+
+int32_t shvd_post_notice(int64_t id) {
+  REQUIRE_ENGINE(e);
+  if (e->options().rank == 0) e->post_notice(id);
+  return 0;
+}
+
+int64_t shvd_released_notice(void) {
+  auto e = engine();
+  return e ? e->handles().released_notice() : 0;
+}
 
 #define ENGINE_FIELD(fn, field)              \
   int32_t fn(void) {                         \

@@ -236,6 +236,32 @@ def test_no_deadlock_while_a_rank_computes(transport):
     r.assert_ok(3)
 
 
+# -- elastic primitives ----------------------------------------------------------------------
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("transport", ["shm", "tcp", "hosts"])
+def test_notices_seen_at_the_same_step(transport):
+    """Host-change notices posted on rank 0 at random times become visible on every rank after
+    the same step (what makes elastic's check_host_updates agree without a collective)."""
+    r = run_job(3, "features", "notices", transport=transport, timeout=80)
+    r.assert_ok(3)
+    steps = {r.field(k, "steps") for k in range(3)}
+    assert len(steps) == 1, steps
+    assert "None" not in steps.pop()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_abort_from_another_thread_then_reinit(transport):
+    """shvd_abort from a second thread fails every rank's pending op at once, naming the
+    reason, and the processes init() again afterwards."""
+    r = run_job(3, "features", "abort_then_reinit", transport=transport,
+                env={"SPARK_HVD_DEADLOCK_CHECK_SECONDS": 0}, timeout=50)
+    r.assert_ok(3)
+    for k in range(3):
+        assert float(r.field(k, "elapsed")) < 5
+
+
 # -- join -----------------------------------------------------------------------------------
 
 @pytest.mark.timeout(60)

@@ -158,6 +158,8 @@ std::string encode(const ResponseBatch& b) {
     w.pod(b.params.hierarchical_allgather);
     w.pod<uint8_t>(b.params.tuning);
   }
+  w.pod<uint8_t>(b.has_notice);
+  if (b.has_notice) w.pod(b.notice);
   w.pod<uint32_t>(b.responses.size());
   for (const auto& r : b.responses) {
     w.pod<int32_t>(int32_t(r.op));
@@ -197,6 +199,8 @@ ResponseBatch decode_response_batch(const std::string& bytes) {
     b.params.hierarchical_allgather = rd.pod<int32_t>();
     b.params.tuning = rd.pod<uint8_t>();
   }
+  b.has_notice = rd.pod<uint8_t>();
+  if (b.has_notice) b.notice = rd.pod<int64_t>();
   uint32_t n = rd.pod<uint32_t>();
   b.responses.resize(n);
   for (auto& r : b.responses) {

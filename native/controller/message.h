@@ -122,6 +122,10 @@ struct ResponseBatch {
   TunedParams params;
   bool shutdown = false;
   std::string abort;  // non-empty: the job is being torn down (a peer died)
+  // Elastic: the newest host-change notice rank 0 was given (shvd_post_notice); ops every rank
+  // completes from this batch on carry it (HandleState::notice).
+  bool has_notice = false;
+  int64_t notice = 0;
 };
 
 std::string encode(const RequestBatch& b);

@@ -104,6 +104,29 @@ void Engine::enqueue(std::vector<Entry>& entries, int64_t* ids, bool awaited) {
   }
 }
 
+void Engine::abort(const std::string& why) {
+  {
+    std::lock_guard<std::mutex> lock(queue_mu_);
+    if (stopped_ || !abort_reason_.empty() || !abort_requested_.empty()) return;
+    abort_requested_ = why.empty() ? std::string("aborted") : why;
+  }
+  // A collective in progress stops at its next wait (every link wait checks the flag); an idle
+  // engine wakes up and ends the job (loop()).
+  global_abort().raise(why);
+  uint64_t one = 1;
+  ssize_t ignored = write(wake_fd_, &one, sizeof one);
+  (void)ignored;
+}
+
+void Engine::post_notice(int64_t id) {
+  for (int64_t seen = posted_notice_.load(); id > seen;)
+    if (posted_notice_.compare_exchange_weak(seen, id)) break;
+  work_pending_.store(true);
+  uint64_t one = 1;
+  ssize_t ignored = write(wake_fd_, &one, sizeof one);
+  (void)ignored;
+}
+
 void Engine::shutdown() {
   {
     std::lock_guard<std::mutex> lock(queue_mu_);
@@ -118,6 +141,7 @@ void Engine::shutdown() {
 
 void Engine::complete(Entry& entry, int error_kind, const std::string& error) {
   if (entry.gpu.ready) gpu::forget_ready(entry.gpu);  // an op that never reached the GPU path
+  entry.state->notice = notice_.load(std::memory_order_relaxed);
   entry.state->error_kind = error_kind;
   entry.state->error = error;
   {
@@ -135,6 +159,10 @@ void Engine::loop() {
     set_up_board();
     while (!finished_) {
       const bool burst_over = wait_for_work();
+      {
+        std::lock_guard<std::mutex> lock(queue_mu_);
+        if (!abort_requested_.empty()) throw PeerLostError(abort_requested_);
+      }
       if (timeline_.active()) timeline_.cycle();
       if (options_.rank == 0) run_coordinator(burst_over);
       else run_worker(burst_over);

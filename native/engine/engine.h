@@ -96,6 +96,15 @@ class Engine : public gpu::GpuPath::Host {
   // A user thread wants a result (it waits for or polls a handle): ends the current burst.
   void request_flush();
 
+  // Ends the job from any thread (elastic: the launcher saw a rank exit or a host fall silent):
+  // every pending and later op fails with `why` on this rank, and its closed links fail the
+  // peers' ops at once. Waits for nothing.
+  void abort(const std::string& why);
+
+  // Elastic host-change notices (rank 0, any thread): the newest `id` goes to every rank with
+  // the next response batch; ops completed from there on carry it (HandleState::notice).
+  void post_notice(int64_t id);
+
   // The run-time settings the latest collective this rank executed ran with, and how many
   // settings had been applied by then (0: the initial ones). Every rank executes the same
   // sequence with the same settings, so after a step's results are in, every rank reads the
@@ -198,6 +207,7 @@ class Engine : public gpu::GpuPath::Host {
   bool awaited_queued_ = false;  // queue_ holds an op enqueued awaited
   std::unordered_set<std::string> in_flight_;  // names enqueued and not yet completed
   bool shutdown_requested_ = false;
+  std::string abort_requested_;  // abort(): the engine thread ends the job with this reason
   bool stopped_ = false;
   std::string abort_reason_;
   int wake_fd_ = -1;  // eventfd: enqueue/shutdown wake a sleeping engine thread
@@ -256,6 +266,11 @@ class Engine : public gpu::GpuPath::Host {
   mutable std::mutex executed_mu_;        // executed_params(): read by user threads
   TunedParams executed_params_;
   uint64_t executed_generation_ = 0;
+  // Elastic notices: posted on rank 0 (any thread), the newest sent (rank 0's engine thread),
+  // and the newest executed (set by the engine thread, read where ops complete).
+  std::atomic<int64_t> posted_notice_{0};
+  int64_t sent_notice_ = 0;
+  std::atomic<int64_t> notice_{0};
   bool shutdown_sent_ = false;
   bool finished_ = false;
   std::thread thread_;

@@ -29,9 +29,17 @@ std::shared_ptr<HandleState> HandleTable::get(int64_t handle) const {
   return it == handles_.end() ? nullptr : it->second;
 }
 
+void HandleTable::note_released(const HandleState& state) {
+  if (state.notice > released_notice_.load(std::memory_order_relaxed))
+    released_notice_.store(state.notice, std::memory_order_release);
+}
+
 void HandleTable::release(int64_t handle) {
   std::lock_guard<std::mutex> lock(mu_);
-  handles_.erase(handle);
+  auto it = handles_.find(handle);
+  if (it == handles_.end()) return;
+  if (it->second->done.load(std::memory_order_acquire)) note_released(*it->second);
+  handles_.erase(it);
 }
 
 int HandleTable::release_completed(int64_t* handles, int n) {
@@ -40,8 +48,10 @@ int HandleTable::release_completed(int64_t* handles, int n) {
   for (int i = 0; i < n; ++i) {
     auto it = handles_.find(handles[i]);
     if (it == handles_.end()) continue;
-    if (it->second->done.load(std::memory_order_acquire))
+    if (it->second->done.load(std::memory_order_acquire)) {
+      note_released(*it->second);
       handles_.erase(it);
+    }
     else
       handles[pending++] = handles[i];
   }

@@ -27,6 +27,8 @@ struct HandleState {
   int output_device = -1;
   std::vector<int64_t> output_shape;
   std::vector<int64_t> ints;          // received splits / last joined rank / new set id
+  // The newest host-change notice (elastic) the engine had executed when it completed the op.
+  int64_t notice = 0;
 };
 
 class HandleTable {
@@ -57,7 +59,14 @@ class HandleTable {
   bool wait_until(const std::shared_ptr<HandleState>& state, Clock::time_point deadline);
   void clear();
 
+  // The newest notice (HandleState::notice) among the ops whose handles the user released: every
+  // rank releases the same ops at the same points of its program, so every rank sees a notice
+  // at the same point (elastic's check_host_updates), whenever it arrived. Any thread.
+  int64_t released_notice() const { return released_notice_.load(std::memory_order_acquire); }
+
  private:
+  void note_released(const HandleState& state);  // requires mu_
+  std::atomic<int64_t> released_notice_{0};
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::unordered_map<int64_t, std::shared_ptr<HandleState>> handles_;

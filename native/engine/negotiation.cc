@@ -161,9 +161,10 @@ void Engine::run_coordinator(bool burst_over) {
   batch.shutdown = coordinator_->all_shut_down();
   if (!batch.responses.empty() || batch.shutdown) send_batch(std::move(batch));
   read_board();
-  // A sample ended while executing: the new setting goes out at once, on its own (waiting for
-  // the next responses would measure the next sample's first ops with the old one).
-  if (params_due_ && !finished_) {
+  // A sample ended while executing, or a notice was posted: it goes out at once, on its own
+  // (waiting for the next responses would measure the next sample's first ops with the old
+  // setting, or hold the notice back while every rank waits in a collective).
+  if ((params_due_ || posted_notice_.load() > sent_notice_) && !finished_) {
     send_batch(ResponseBatch());
     read_board();
   }
@@ -175,6 +176,11 @@ void Engine::send_batch(ResponseBatch batch) {
     batch.params = autotuner_->proposal();
     params_due_ = false;
   }
+  const int64_t posted = posted_notice_.load();
+  if (posted > sent_notice_) {
+    batch.has_notice = true;
+    batch.notice = sent_notice_ = posted;
+  }
   const std::string frame = encode(batch);
   // With a board, every rank executes the batch where its marker stands in the log.
   if (board_) board_->append(NegotiationBoard::kMarker | (batches_sent_++ & NegotiationBoard::kValueMask));
@@ -185,6 +191,7 @@ void Engine::send_batch(ResponseBatch batch) {
 
 void Engine::run_batch(const ResponseBatch& batch) {
   if (batch.has_params) apply_params(batch.params);
+  if (batch.has_notice) notice_.store(batch.notice, std::memory_order_relaxed);
   for (const Response& resp : batch.responses) execute(resp);
   if (batch.shutdown) finished_ = true;
 }

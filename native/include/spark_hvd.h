@@ -205,6 +205,16 @@ int32_t shvd_listen(const char* bind_host, int64_t tcp_buffer_bytes);
 int32_t shvd_init(const shvd_init_options* options);
 int32_t shvd_shutdown(void);
 int32_t shvd_is_initialized(void);
+/* Ends the job from any thread (elastic: the launcher saw a peer exit or its host fall silent):
+ * this rank's pending and later ops fail with `why`, and the peers' ops fail as its links close.
+ * No-op when not initialized. */
+int32_t shvd_abort(const char* why);
+/* Elastic host-change notices. Rank 0 posts the newest notice id (ignored on other ranks); the
+ * coordinator sends it with its next response batch, and every op a rank completes from there on
+ * carries it. shvd_released_notice: the newest id among the ops whose handles this rank has
+ * released (0 before any), the same on every rank at the same point of an SPMD program. */
+int32_t shvd_post_notice(int64_t id);
+int64_t shvd_released_notice(void);
 
 int32_t shvd_rank(void);
 int32_t shvd_size(void);

@@ -259,6 +259,71 @@ def no_deadlock(c):
     hvd.shutdown()
 
 
+# -- elastic primitives ----------------------------------------------------------------------
+
+def notices(c, steps="300"):
+    """Rank 0's second thread posts host-change notices at random times while every rank runs
+    allreduces; each rank records after which step each notice became visible among its
+    released ops (shvd_released_notice). The test compares the steps across ranks: they must
+    be equal, whenever the notice arrived."""
+    import random
+    import threading
+    from spark_hvd.common import _native
+    rank = hvd.rank()
+    posted = []
+    if rank == 0:
+        def post():
+            rnd = random.Random(7)
+            for k in (1, 2, 3):
+                time.sleep(rnd.uniform(0.05, 0.4))
+                _native.lib.shvd_post_notice(k)
+                posted.append(k)
+        poster = threading.Thread(target=post)
+        poster.start()
+    seen, first_step = 0, {}
+    for step in range(int(steps)):
+        hvd.allreduce(np.ones(8, np.float32), name=f"n{step % 5}", op=hvd.Sum)
+        now = _native.lib.shvd_released_notice()
+        for k in range(seen + 1, now + 1):
+            first_step[k] = step
+        seen = now
+        time.sleep(0.003)
+    if rank == 0:
+        poster.join()
+    hvd.barrier()
+    hvd.allreduce(np.ones(1), name="last")
+    now = _native.lib.shvd_released_notice()
+    for k in range(seen + 1, now + 1):
+        first_step[k] = "end"
+    c.check(now == 3, f"notices seen at the end: {now}")
+    c.fields["steps"] = ",".join(str(first_step.get(k)) for k in (1, 2, 3))
+    hvd.shutdown()
+
+
+def abort_then_reinit(c):
+    """A second thread of rank 0 calls shvd_abort (as the elastic launcher's notice listener
+    does) while every rank waits in a collective: every rank's op fails at once with the reason
+    (no timeout), and after shutdown() the same processes init() again and work."""
+    import threading
+    from spark_hvd.common import _native
+    rank = hvd.rank()
+    if rank == 0:
+        threading.Timer(0.5, _native.lib.shvd_abort, args=(b"rank 3 on node-x exited",)).start()
+    t0 = time.time()
+    name = "only_on_zero" if rank == 0 else "never_on_zero"
+    c.raises("op during the abort", hvd.HorovodInternalError, hvd.allreduce, np.ones(2),
+             name=name, match="rank 3 on node-x exited")
+    elapsed = time.time() - t0
+    c.check(elapsed < 5, f"the abort took {elapsed:.1f} s to reach rank {rank}")
+    hvd.shutdown()
+    hvd.init()
+    got = hvd.allreduce(np.full(3, rank + 1, np.float32), name="after", op=hvd.Sum)
+    c.check(np.all(got == sum(range(1, hvd.size() + 1))), f"after re-init: {got}")
+    c.check(_native.lib.shvd_released_notice() == 0, "a new engine starts with no notice")
+    c.fields["elapsed"] = f"{elapsed:.1f}"
+    hvd.shutdown()
+
+
 # -- join -----------------------------------------------------------------------------------
 
 def join(c, order="ascending"):
