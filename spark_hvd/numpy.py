@@ -112,7 +112,7 @@ def allreduce_(array, average=None, name=None, op=None, prescale_factor=1.0,
     ptr = _addressof(_char_view(array)) if array.nbytes else array.ctypes.data
     _ops.allreduce_now(name if type(name) is str else _ops.auto_name("allreduce", name, ps),
                        _dtype_code(array), array.shape, ptr, ptr, reduce_op, prescale_factor,
-                       postscale_factor, ps, array)
+                       postscale_factor, ps, array, named=name is not None)
     return array
 
 

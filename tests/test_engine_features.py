@@ -347,3 +347,33 @@ def test_exit_without_shutdown(np_):
     """Ranks that just exit (atexit shuts spark_hvd down) while rank 0 still submits an op."""
     r = run_job(np_, "features", "exit_without_shutdown", transport="shm", timeout=50)
     r.assert_ok(np_)
+
+
+# -- the synchronous path's record cache ------------------------------------------------------
+
+def test_unnamed_sync_allreduces_are_not_cached():
+    """A synchronous allreduce's packed record is kept for reuse only when the user named the
+    op: unnamed ops get a new generated name each call, and their one-use records would push
+    the named ones out of the cache (NumPy and torch)."""
+    code = """
+import numpy as np, torch
+import spark_hvd.numpy as hnp, spark_hvd.torch as hvd
+from spark_hvd.common import _ops
+hvd.init()
+a, t = np.ones(3, np.float32), torch.ones(3)
+for _ in range(1500):
+    hnp.allreduce_(a)
+    hvd.allreduce_(t)
+assert len(_ops._SYNC_RECORDS) == 0, len(_ops._SYNC_RECORDS)
+for _ in range(5):
+    hnp.allreduce_(a, name="named_np")
+    hvd.allreduce_(t, name="named_torch")
+assert len(_ops._SYNC_RECORDS) == 2, len(_ops._SYNC_RECORDS)
+assert a.tolist() == [1.0] * 3 and t.tolist() == [1.0] * 3
+print("OK")
+"""
+    import subprocess
+    from conftest import PY, REPO, job_env
+    done = subprocess.run([PY, "-c", code], cwd=REPO, env=job_env(), capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0 and "OK" in done.stdout, done.stdout + done.stderr

@@ -134,22 +134,25 @@ _SYNC_RECORDS = {}  # allreduce_now's records by their arguments
 
 
 def allreduce_now(name, dtype, shape, input_ptr, output_ptr, reduce_op, prescale, postscale,
-                  process_set, keepalive, place=HOST):
+                  process_set, keepalive, place=HOST, named=True):
     """A synchronous allreduce of one buffer (arguments as :func:`enqueue_allreduce`): enqueues
     it and waits in one native call, which also tells the engine to send it at once (no burst
     to end; see ``shvd_enqueue_record_wait``). ``keepalive``: the buffers, kept until the op
-    completed when a signal handler interrupts the wait. Raises the op's error."""
+    completed when a signal handler interrupts the wait. ``named``: the user named the op (an
+    unnamed op's generated name is never seen again, so its record is not kept). Raises the
+    op's error."""
     # A latency-bound loop repeats the same call (same buffer, name, shape): its record is
     # packed once (a lookup costs about a third of a pack).
     key = (name, dtype, shape, input_ptr, output_ptr, reduce_op, prescale, postscale,
            process_set, place)
-    record = _SYNC_RECORDS.get(key)
+    record = _SYNC_RECORDS.get(key) if named else None
     if record is None:
-        if len(_SYNC_RECORDS) >= 1024:
-            _SYNC_RECORDS.clear()
-        record = _SYNC_RECORDS[key] = _allreduce_record(
-            name, dtype, shape, input_ptr, output_ptr, reduce_op, prescale, postscale,
-            process_set, place)
+        record = _allreduce_record(name, dtype, shape, input_ptr, output_ptr, reduce_op,
+                                   prescale, postscale, process_set, place)
+        if named:
+            if len(_SYNC_RECORDS) >= 1024:
+                _SYNC_RECORDS.clear()
+            _SYNC_RECORDS[key] = record
     rc = 0
     try:
         rc = _enqueue_wait_native(record, len(record), _SLICE)

@@ -297,7 +297,8 @@ def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
         try:
             _ops.allreduce_now(_auto_name("allreduce", name, ps), _dtype_code(tensor),
                                tensor.shape, ptr, ptr, op, float(prescale_factor),
-                               float(postscale_factor), ps, tensor, _place(tensor))
+                               float(postscale_factor), ps, tensor, _place(tensor),
+                               named=name is not None)
         except ValueError as e:
             raise as_collective_error(e) from None
         return tensor
