@@ -311,7 +311,7 @@ def test_horovod_aliases(tmp_path):
     r.assert_ok(2)
     phases = load_timeline(path)
     for k in range(4):
-        got = {p for _, p in phases[f"cfg_group.{k}"]}
+        got = {p for _, p in phases[f"allreduce.cfg_group.{k}"]}
         assert "ALLREDUCE" in got and "MEMCPY_IN_FUSION_BUFFER" not in got, got
     # Control: the default threshold fuses them.
     path = tmp_path / "default.json"
@@ -319,7 +319,7 @@ def test_horovod_aliases(tmp_path):
                 env={"HOROVOD_TIMELINE": path}, timeout=50)
     r.assert_ok(2)
     phases = load_timeline(path)
-    assert "MEMCPY_IN_FUSION_BUFFER" in {p for _, p in phases["cfg_group.0"]}
+    assert "MEMCPY_IN_FUSION_BUFFER" in {p for _, p in phases["allreduce.cfg_group.0"]}
 
 
 @pytest.mark.timeout(60)
