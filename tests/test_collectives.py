@@ -76,6 +76,23 @@ def _allreduce_paths(timeline):
 
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("np_", [2, 3])
+def test_shared_memory_small_allreduces(tmp_path, np_):
+    """Allreduces of up to 8 KiB take the one-wait path (every member reduces every member's
+    copy itself), larger ones the sliced slots path: every dtype and op, fused and not, in
+    place and into a separate output, exact and bitwise equal on every rank. Rank 0's
+    timeline names both paths."""
+    timeline = tmp_path / "timeline.json"
+    r = run_job(np_, "collectives", "--sets", "none", "--suites",
+                "allreduce,grouped_allreduce,allreduce_average_default", transport="shm",
+                env={"SPARK_HVD_TIMELINE": timeline}, timeout=160)
+    r.assert_ok(np_)
+    paths = {p for seq in load_timeline(timeline).values() for _, p in seq
+             if p.startswith("SHM_")}
+    assert {"SHM_SMALL_ALLREDUCE", "SHM_ALLREDUCE"} <= paths, paths
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("np_", [2, 3])
 def test_shared_arenas_reduce_in_place(tmp_path, np_):
     """Arrays in the core's shared arenas on every rank: large allreduces are reduced in place
     (each member reads its share of everyone's tensors and writes the sums into all of them),

@@ -42,12 +42,18 @@ bool on_one_host_tensors(const CollectiveCase& c) {
 bool in_arenas_tensors(const CollectiveCase& c) {
   return on_one_host_tensors(c) && c.comm->shm_group->arenas_worth_checking(c.bytes());
 }
+bool small_tensors(const CollectiveCase& c) {
+  return on_one_host_tensors(c) && c.comm->shm_group->small_suits(c.bytes());
+}
 bool single_copy_tensors(const CollectiveCase& c) {
   return on_one_host_tensors(c) && c.comm->shm_group->single_copy_suits(c.bytes(), c.tensors);
 }
 // The same paths on a packed buffer: one span, so one tensor for single copy's limit.
 bool in_arenas_buffer(const CollectiveCase& c) {
   return on_one_host(c) && c.comm->shm_group->arenas_worth_checking(c.bytes());
+}
+bool small_buffer(const CollectiveCase& c) {
+  return on_one_host(c) && c.comm->shm_group->small_suits(c.bytes());
 }
 bool single_copy_buffer(const CollectiveCase& c) {
   return on_one_host(c) && c.comm->shm_group->single_copy_suits(c.bytes(), 1);
@@ -98,6 +104,10 @@ bool run_shm_arena(const CollectiveCall& k) {
 }
 bool run_shm_single_copy(const CollectiveCall& k) {
   k.comm.shm_group->allreduce_single_copy(k.comm, k.tensors, k.dtype, k.reduce_op, k.postscale);
+  return true;
+}
+bool run_shm_small(const CollectiveCall& k) {
+  k.comm.shm_group->allreduce_small(k.comm, k.tensors, k.dtype, k.reduce_op, k.postscale);
   return true;
 }
 bool run_shm_slots(const CollectiveCall& k) {
@@ -199,6 +209,7 @@ constexpr Algorithm kAlgorithms[] = {
      run_shm_arena},
     {OpType::kAllreduce, "SHM_SINGLE_COPY_ALLREDUCE", single_copy_tensors, Staging::kTensors,
      run_shm_single_copy},
+    {OpType::kAllreduce, "SHM_SMALL_ALLREDUCE", small_tensors, Staging::kTensors, run_shm_small},
     {OpType::kAllreduce, "SHM_ALLREDUCE", on_one_host_tensors, Staging::kTensors, run_shm_slots},
     {OpType::kAllreduce, "ADASUM_ALLREDUCE", adasum, Staging::kBuffer, run_adasum},
     // One host, but prescaled or with a joined rank: the same paths on a packed buffer.
@@ -206,6 +217,7 @@ constexpr Algorithm kAlgorithms[] = {
      run_shm_arena},
     {OpType::kAllreduce, "SHM_SINGLE_COPY_ALLREDUCE", single_copy_buffer, Staging::kBuffer,
      run_shm_single_copy},
+    {OpType::kAllreduce, "SHM_SMALL_ALLREDUCE", small_buffer, Staging::kBuffer, run_shm_small},
     {OpType::kAllreduce, "SHM_ALLREDUCE", on_one_host, Staging::kBuffer, run_shm_slots},
     // Several hosts (hierarchical.h).
     {OpType::kAllreduce, "HIERARCHICAL_ALLREDUCE", hierarchical_allreduce, Staging::kBuffer,

@@ -5,6 +5,8 @@
 //
 //   allreduce_shm_slots.cc        each member copies its chunk into its slot of the segment,
 //                                 reduces its slice out of everyone's slots, copies results out
+//   allreduce_shm_small.cc        small ones: each member copies its input into its slot and
+//                                 reduces everyone's copies itself (one wait instead of two)
 //   allreduce_shm_single_copy.cc  members read each other's tensors with process_vm_readv
 //                                 where the kernel allows it (large allreduces)
 //   allreduce_shm_arena.cc        tensors every member can map (shared arenas) are reduced in
@@ -75,6 +77,12 @@ class SharedMemoryGroup {
   // allreduce_shm_slots.cc: through the segment's slots, always possible.
   void allreduce_through_slots(const Communicator& comm, const std::vector<TensorSpan>& tensors,
                                DataType dtype, ReduceOp op, double scale);
+  // allreduce_shm_small.cc: small allreduces through the slots with one wait (small_suits).
+  void allreduce_small(const Communicator& comm, const std::vector<TensorSpan>& tensors,
+                       DataType dtype, ReduceOp op, double scale);
+  // Whether `bytes` in all are small enough for allreduce_small (settings agreed at set-up:
+  // the same answer on every member).
+  bool small_suits(size_t bytes) const;
 
   // Whether `bytes` in all are large enough for the arena agreement, with arenas allowed on
   // every member (settings agreed at set-up: the same answer on every member).

@@ -18,6 +18,8 @@
 namespace shvd {
 
 constexpr size_t kLine = 64;
+// Up to this many bytes every member reduces the whole allreduce itself (allreduce_shm_small.cc).
+constexpr size_t kSmallAllreduceBytes = 8 * 1024;
 // A fused response with more tensors than this keeps the slots (its tensors are small), and
 // the arena path declines it: the table holds this many tensors.
 constexpr size_t kMaxSingleCopySegments = 256;
