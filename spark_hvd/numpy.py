@@ -18,7 +18,7 @@ import numpy as np
 from .common import *  # noqa: F401,F403  (the shared API: init, rank, ProcessSet, ...)
 from .common import _ops
 from .common._native import (BOOL, FLOAT16, FLOAT32, FLOAT64, INT8, INT16, INT32, INT64,
-                             OP_ALLGATHER, OP_ALLREDUCE, OP_ALLTOALL, OP_BARRIER, OP_BROADCAST,
+                             OP_ALLGATHER, OP_ALLREDUCE, OP_ALLTOALL, OP_BROADCAST,
                              OP_JOIN, OP_REDUCESCATTER, UINT8, UINT16)
 from .common.objects import allgather_object, broadcast_object  # noqa: F401
 from .common.process_sets import global_process_set, process_set_id
@@ -240,10 +240,7 @@ def reducescatter(array, op=None, name=None, process_set=global_process_set,
 
 def barrier(process_set=global_process_set):
     """Returns once every rank of ``process_set`` has called barrier."""
-    ps = process_set_id(process_set)
-    h = _ops.enqueue_one(OP_BARRIER, _ops.auto_name("barrier", None, ps), UINT8, (), None, None,
-                         process_set=ps)
-    _ops.wait(h, keepalive=None)
+    _ops.barrier_now(process_set_id(process_set))
 
 
 def join():

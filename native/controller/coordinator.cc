@@ -217,10 +217,10 @@ Response Coordinator::build_response(const std::string& name, Pending& p) {
   const int64_t cache_id = cache_->record(name, submitted, p.by_rank);
   resp.cache_ids = {cache_id};
   if (cache_id >= 0) {
-    // Only an allreduce every member answered with nobody joined, is answered the same way
-    // whenever the same requests return.
+    // Only an allreduce or barrier every member answered with nobody joined is answered the
+    // same way whenever the same requests return.
     const int members = int(sets_->members(first.process_set).size());
-    const bool fast = first.op == OpType::kAllreduce && joined_.empty() &&
+    const bool fast = ResponseCache::fast_op(first.op) && joined_.empty() &&
                       int(submitted.size()) == members;
     cache_->set_answer(uint32_t(cache_id), resp, fast, members);
   }

@@ -18,7 +18,7 @@ void ResponseCache::remember(const std::string& name, int64_t id, const Request&
 }
 
 void ResponseCache::remember_answers(const Response& resp, const ProcessSets& sets) {
-  const bool fast = resp.op == OpType::kAllreduce && resp.error.empty() && resp.joined.empty();
+  const bool fast = fast_op(resp.op) && resp.error.empty() && resp.joined.empty();
   uint64_t members = 0;
   if (fast)
     for (int g : sets.members(resp.process_set)) members |= g < 64 ? 1ull << g : 0;

@@ -46,7 +46,11 @@ class ResponseCache {
   // rank can send the id. Ignores ids < 0 (not cached).
   void remember(const std::string& name, int64_t id, const Request& own);
 
-  // The answer the fast path gives an id: an allreduce answered without error or joined ranks.
+  // The ops whose cached answer is the same whenever the same requests return, so the fast
+  // path may give it by id: allreduce, and barrier (whose answer is only its completion).
+  static bool fast_op(OpType op) { return op == OpType::kAllreduce || op == OpType::kBarrier; }
+
+  // The answer the fast path gives an id: a fast_op answered without error or joined ranks.
   struct Answer {
     Response response;     // for this one name
     uint64_t members = 0;  // bits of the process set's global ranks (fast path: < 64 ranks)

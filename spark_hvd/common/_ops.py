@@ -15,7 +15,8 @@ import warnings
 from collections import defaultdict
 
 from ._errors import CollectiveError
-from ._native import OP_ALLREDUCE, REDUCE_OPS, check, lib, raise_last_error, require_init
+from ._native import (OP_ALLREDUCE, OP_BARRIER, REDUCE_OPS, UINT8, check, lib, raise_last_error,
+                      require_init)
 
 # Reduce ops: the core's codes (SHVD_REDUCE_* in spark_hvd.h), read from it at load.
 Average, Sum, Adasum, Min, Max, Product = (
@@ -163,12 +164,36 @@ def allreduce_now(name, dtype, shape, input_ptr, output_ptr, reduce_op, prescale
         if rc > 0:  # a signal handler raised: the core may still use the buffers
             _adopt((rc,), keepalive)
         raise
+    _finish_now(rc)
+
+
+def _finish_now(rc):
+    """The end of a synchronous op (``shvd_enqueue_record_wait``'s return code)."""
     if _orphans:
         _tend_orphans()
     if rc == -1:
         _enqueue_failed()
     if rc == -2:
         raise_last_error()
+
+
+_BARRIER_RECORDS = {}  # barrier_now's records by process set
+
+
+def barrier_now(process_set=0):
+    """Returns once every member of ``process_set`` called it. Named "barrier" on every call,
+    as in Horovod (so concurrent barriers of one set on one rank are an error there too): it
+    is answered from the response cache after the first time, and on one host agreed through
+    shared memory by the calling thread, like a small allreduce."""
+    record = _BARRIER_RECORDS.get(process_set)
+    if record is None:
+        record = _BARRIER_RECORDS[process_set] = make_op(
+            OP_BARRIER, "barrier", UINT8, (), None, None, process_set=process_set)
+    rc = _enqueue_wait_native(record, len(record), _SLICE)
+    if rc > 0:
+        wait(rc, keepalive=None)
+        return
+    _finish_now(rc)
 
 
 _enqueue_native = lib.shvd_enqueue_record

@@ -47,7 +47,7 @@ from ..common import _ops, basics
 from ..common import _errors
 from ..common._config import env_flag
 from ..common._native import (BFLOAT16, BOOL, FLOAT16, FLOAT32, FLOAT64, INT8, INT16, INT32,
-                              INT64, OP_ALLGATHER, OP_ALLREDUCE, OP_ALLTOALL, OP_BARRIER,
+                              INT64, OP_ALLGATHER, OP_ALLREDUCE, OP_ALLTOALL,
                               OP_BROADCAST, OP_JOIN, OP_REDUCESCATTER, UINT8, UINT16)
 from ..common._ops import Adasum, Average, Sum
 from ..common._outputs import wait_output_into
@@ -586,12 +586,10 @@ def barrier(process_set=global_process_set):
     """Returns once every rank of ``process_set`` has called barrier (in a ``tf.compat.v1``
     graph: returns the op to run)."""
     set_id = process_set_id(process_set)
-    name = op_name("barrier", None, set_id)
 
     def kernel(arrays, alloc):
         try:
-            _ops.wait(_ops.enqueue_one(OP_BARRIER, name, UINT8, (), None, None,
-                                       process_set=set_id), keepalive=None)
+            _ops.barrier_now(set_id)
         except ValueError as e:
             _raise_as_collective_error(e)
         obj, view = alloc((), np.bool_)

@@ -26,7 +26,7 @@ import torch
 from ..common import _gpu, _ops, basics
 from ..common._errors import as_collective_error
 from ..common._native import (BFLOAT16, BOOL, FLOAT16, FLOAT32, FLOAT64, INT8, INT16, INT32,
-                              INT64, OP_ALLGATHER, OP_ALLREDUCE, OP_ALLTOALL, OP_BARRIER,
+                              INT64, OP_ALLGATHER, OP_ALLREDUCE, OP_ALLTOALL,
                               OP_BROADCAST, OP_JOIN, OP_REDUCESCATTER, UINT8, UINT16)
 from ..common._ops import Adasum, Average, Sum
 from ..common._outputs import wait_output_into
@@ -520,10 +520,7 @@ def join(device=-1):
 
 def barrier(process_set=global_process_set):
     """Returns once every rank of ``process_set`` has called barrier."""
-    ps = process_set_id(process_set)
-    h = _enqueue_one(OP_BARRIER, _auto_name("barrier", None, ps), UINT8, (), None, None,
-                     process_set=ps)
     try:
-        _ops.wait(h, keepalive=None)
+        _ops.barrier_now(process_set_id(process_set))
     except ValueError as e:
         raise as_collective_error(e) from None
