@@ -99,21 +99,26 @@ bool Engine::arrive_on_board(uint32_t id, std::vector<uint64_t>* completed) {
 }
 
 bool Engine::board_has_work() const {
-  if (!board_ || board_->tail() == board_read_) return false;
+  if (!board_) return false;
+  const uint64_t read = board_read_.load(std::memory_order_relaxed);
+  if (board_->tail() == read) return false;
   // A marker whose batch has not arrived yet waits for the control link, not for the board.
-  return !(board_->entry(board_read_) & NegotiationBoard::kMarker) || !tcp_batches_.empty();
+  return !(board_->entry(read) & NegotiationBoard::kMarker) ||
+         tcp_batches_queued_.load(std::memory_order_relaxed) > 0;
 }
 
 void Engine::read_board() {
-  if (!board_ || board_->tail() == board_read_) return;
+  if (!board_ || board_->tail() == board_read_.load(std::memory_order_relaxed)) return;
   const uint64_t end = board_->seal();
-  while (board_read_ < end && !finished_) {
-    const uint64_t entry = board_->entry(board_read_);
+  uint64_t read = board_read_.load(std::memory_order_relaxed);
+  while (read < end && !finished_) {
+    const uint64_t entry = board_->entry(read);
     if (entry & NegotiationBoard::kMarker) {
       if (tcp_batches_.empty()) break;  // still on its way
       ResponseBatch batch = std::move(tcp_batches_.front());
       tcp_batches_.pop_front();
-      ++board_read_;
+      tcp_batches_queued_.store(tcp_batches_.size(), std::memory_order_relaxed);
+      board_read_.store(++read, std::memory_order_relaxed);
       run_batch(batch);
       continue;
     }
@@ -121,13 +126,20 @@ void Engine::read_board() {
     if (!answer)
       throw std::logic_error("negotiation board: no cached response for id " +
                              std::to_string(entry));
+    ++read;
+    if (!(read < end && board_->fuses(read))) {
+      // Alone (the latency-bound case): the cached response as it is, no copy.
+      board_read_.store(read, std::memory_order_relaxed);
+      mark_negotiated(answer->response);
+      execute(answer->response, true);
+      continue;
+    }
     Response fused = answer->response;
     size_t bytes = answer->bytes;
-    ++board_read_;
     // The entries appended while this one was unsealed, as far as they fit into one collective
     // (every rank holds the same answers, so every rank splits the same way).
-    while (board_read_ < end && board_->fuses(board_read_)) {
-      const ResponseCache::Answer* next = cache_.answer(uint32_t(board_->entry(board_read_)));
+    while (read < end && board_->fuses(read)) {
+      const ResponseCache::Answer* next = cache_.answer(uint32_t(board_->entry(read)));
       if (!next || !fusable_allreduces(fused, next->response) ||
           bytes + next->bytes > board_fusion_bytes_)
         break;
@@ -135,17 +147,13 @@ void Engine::read_board() {
       fused.shapes.push_back(next->response.shapes[0]);
       fused.cache_ids.push_back(next->response.cache_ids[0]);
       bytes += next->bytes;
-      ++board_read_;
+      ++read;
     }
-    if (timeline_.active())
-      for (const auto& name : fused.names)
-        if (table_.count(name)) {
-          timeline_.end(fused.op, name, Timeline::negotiate_phase(fused.op));
-          timeline_.begin(fused.op, name, "QUEUE");
-        }
+    board_read_.store(read, std::memory_order_relaxed);
+    mark_negotiated(fused);
     execute(fused, true);
   }
-  board_->consumed(board_read_);
+  board_->consumed(read);
 }
 
 }  // namespace shvd

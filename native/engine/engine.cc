@@ -34,6 +34,7 @@ Engine::Engine(EngineOptions options, Mesh mesh, bool shared_memory)
       cache_(options_.coordinator.cache_capacity, options_.size) {
   tuned_.fusion_threshold_bytes = options_.coordinator.fusion_threshold_bytes;
   tuned_.cycle_time_ms = options_.cycle_time_ms;
+  cycle_time_ms_ = options_.cycle_time_ms;
   tuned_.cache_enabled = cache_.enabled();
   tuned_.hierarchical_allreduce = options_.hierarchical_allreduce;
   tuned_.hierarchical_allgather = options_.hierarchical_allgather;
@@ -75,7 +76,7 @@ Engine::~Engine() {
 }
 
 void Engine::enqueue(std::vector<Entry>& entries, int64_t* ids, bool awaited) {
-  std::lock_guard<std::mutex> lock(queue_mu_);
+  std::unique_lock<std::mutex> lock(queue_mu_);
   if (!abort_reason_.empty())
     throw PeerLostError("spark_hvd job was aborted: " + abort_reason_);
   if (stopped_ || shutdown_requested_)
@@ -90,10 +91,24 @@ void Engine::enqueue(std::vector<Entry>& entries, int64_t* ids, bool awaited) {
                           "' is already in flight on this rank; names must be unique until "
                           "the previous op with that name completes");
   }
-  for (size_t i = 0; i < entries.size(); ++i) {
-    ids[i] = handles_.create(&entries[i].state);
-    queue_.push_back(std::move(entries[i]));
+  for (size_t i = 0; i < entries.size(); ++i) ids[i] = handles_.create(&entries[i].state);
+  if (awaited && entries.size() == 1 && board_ready_.load(std::memory_order_acquire)) {
+    // A synchronous op: run it on this thread when the board can agree on it (fast_path.cc).
+    lock.unlock();
+    if (run_here(entries[0])) return;
+    lock.lock();
+    if (stopped_ || !abort_reason_.empty()) {
+      // The engine ended meanwhile: nobody will take the queue any more.
+      const std::string why =
+          abort_reason_.empty() ? "spark_hvd was shut down before this collective completed"
+                                : "spark_hvd job was aborted: " + abort_reason_;
+      lock.unlock();
+      complete(entries[0], SHVD_ERR_INTERNAL, why);
+      handles_.wake_waiters();
+      return;
+    }
   }
+  for (size_t i = 0; i < entries.size(); ++i) queue_.push_back(std::move(entries[i]));
   awaited_queued_ = awaited_queued_ || awaited;
   last_enqueue_.store(Clock::now().time_since_epoch().count(), std::memory_order_relaxed);
   work_pending_.store(true);
@@ -156,21 +171,28 @@ void Engine::complete(Entry& entry, int error_kind, const std::string& error) {
 
 void Engine::loop() {
   try {
-    set_up_board();
+    {
+      std::lock_guard<std::mutex> executor(executor_mu_);
+      set_up_board();
+      board_ready_.store(board_ != nullptr, std::memory_order_release);
+    }
     while (!finished_) {
       const bool burst_over = wait_for_work();
       {
         std::lock_guard<std::mutex> lock(queue_mu_);
         if (!abort_requested_.empty()) throw PeerLostError(abort_requested_);
       }
+      std::lock_guard<std::mutex> executor(executor_mu_);
       if (timeline_.active()) timeline_.cycle();
       if (options_.rank == 0) run_coordinator(burst_over);
       else run_worker(burst_over);
       report_blocked();
     }
   } catch (const std::exception& e) {
+    std::lock_guard<std::mutex> executor(executor_mu_);
     abort_job(e.what());
   }
+  std::lock_guard<std::mutex> executor(executor_mu_);  // a user thread may still run its op
   gpu_.reset();  // waits for the GPU work in flight (failed at once after an abort)
   // Ops still pending at a coordinated shutdown can never complete.
   std::vector<Entry> queued;
@@ -247,11 +269,13 @@ bool Engine::wait_for_work() {
   const Clock::duration window = handles_.waiters() > 0 ? std::max(spin, waiter_spin_) : spin;
   const auto spin_until = last_activity_ + window;
   while (Clock::now() < std::min(spin_until, deadline)) {
-    if (work_pending_.load() || board_has_work()) break;
+    // A user thread runs its op (run_here): a spinning engine would only take its core.
+    if (running_here_.load()) break;
+    if (work_pending_.load() || board_needs_engine()) break;
     if (ncontrol && poll(control_fds, ncontrol, 0) > 0) break;
     std::this_thread::yield();
   }
-  if (!work_pending_.load() && !board_has_work() &&
+  if (!work_pending_.load() && !board_needs_engine() &&
       !(ncontrol && poll(control_fds, ncontrol, 0) > 0)) {
     sleeping_.store(true);
     // Re-check after announcing sleep: an enqueue that missed the flag already set
@@ -273,11 +297,13 @@ void Engine::drain_wake_fd(const pollfd& fd) {
 }
 
 void Engine::sleep_until(std::vector<pollfd>& fds, Clock::time_point deadline) {
-  if (board_) {
+  // While a user thread reads the log (run_here) the flag stays down; it raises it when it
+  // leaves (sleeping_ was set before this, and it reads sleeping_ after leaving).
+  if (board_ && running_here_.load() == 0) {
     // Raise the flag, then look: an append either saw the flag (and wakes us through the
     // socket) or happened before the look.
     board_->set_sleeping(true);
-    if (board_has_work()) {
+    if (board_needs_engine()) {
       board_->set_sleeping(false);
       return;
     }

@@ -129,10 +129,15 @@ class Engine : public gpu::GpuPath::Host {
   void flush_requests();
   void run_coordinator(bool burst_over);
   void run_worker(bool burst_over);
+  // A cycle's work after submitting: rank 0 reads the requests and answers (coordinator),
+  // the others read the answers; both execute what the board's log holds.
+  void progress();
   void send_frame(Link* link, const std::string& payload);
   // Reads whatever the control link has (never blocks) and returns the complete frames.
   std::vector<std::string> read_frames(int peer);
   void run_batch(const ResponseBatch& batch);
+  // Timeline: `resp`'s tensors of this rank end negotiating and wait for their turn.
+  void mark_negotiated(const Response& resp);
   // Rank 0: sends a response batch to every rank (with the tuner's new setting when one is
   // due) and runs it here, or, with a board, marks its place in the log.
   void send_batch(ResponseBatch batch);
@@ -158,6 +163,15 @@ class Engine : public gpu::GpuPath::Host {
   // each marker, the coordinator's next response batch (stops at one not yet received).
   void read_board();
   bool board_has_work() const;  // entries this rank can execute now
+  // ... and no user thread executes them (run_here): the engine thread must.
+  bool board_needs_engine() const { return running_here_.load() == 0 && board_has_work(); }
+
+  // A synchronous op on the calling thread (fast_path.cc): true when the op went into the
+  // engine's tables here (completed, or left for the engine thread to finish); false when it
+  // must be queued as usual.
+  bool run_here(Entry& entry);
+  bool on_engine_thread() const { return std::this_thread::get_id() == thread_.get_id(); }
+  bool control_readable();  // a control link has bytes to read (never blocks)
 
   // Running a response (execute.cc).
   // `from_board`: a cached response off the board (its answers are already remembered).
@@ -196,9 +210,10 @@ class Engine : public gpu::GpuPath::Host {
   std::map<int, std::unique_ptr<Hierarchy>> hierarchies_;  // sets spanning hosts
   std::unique_ptr<NegotiationBoard> board_;
   std::unique_ptr<gpu::GpuPath> gpu_;  // made at the first response on CUDA tensors
-  uint64_t board_read_ = 0;                // log entries this rank executed
+  std::atomic<uint64_t> board_read_{0};    // log entries this rank executed
   size_t board_fusion_bytes_ = 0;          // rank 0's fusion threshold (every rank alike)
   std::deque<ResponseBatch> tcp_batches_;  // received, waiting for their marker in the log
+  std::atomic<size_t> tcp_batches_queued_{0};  // its size, for board_has_work() unlocked
   uint64_t batches_sent_ = 0;              // rank 0: markers appended
 
   // Shared with user threads.
@@ -222,7 +237,15 @@ class Engine : public gpu::GpuPath::Host {
   // Set when a user thread waits for or polls a result: ends the current burst.
   std::atomic<bool> flush_requested_{false};
 
-  // Engine thread only.
+  // Whoever runs the engine's work holds this: the engine thread for each cycle (after it
+  // woke up), or a user thread running its synchronous op here (run_here). Everything below
+  // "Engine thread only" belongs to its holder; wait_for_work and sleep_until run without it
+  // and read only atomics.
+  std::mutex executor_mu_;
+  std::atomic<int> running_here_{0};  // user threads in run_here: the engine need not watch
+  std::atomic<bool> board_ready_{false};  // board_ is set up (run_here may be worth trying)
+
+  // Engine thread only (or the executor lock's holder, see above).
   std::unordered_map<std::string, Entry> table_;  // negotiating or waiting to execute
   Clock::time_point last_activity_{};
   // Requests taken from the queue and not yet sent to the coordinator.
@@ -256,8 +279,9 @@ class Engine : public gpu::GpuPath::Host {
   bool overlap_ = true;
   Clock::duration cycle_time() const {
     return std::chrono::duration_cast<Clock::duration>(
-        std::chrono::duration<double, std::milli>(tuned_.cycle_time_ms));
+        std::chrono::duration<double, std::milli>(cycle_time_ms_.load(std::memory_order_relaxed)));
   }
+  std::atomic<double> cycle_time_ms_{0.5};  // tuned_.cycle_time_ms, read without the lock
   // Run-time settings (engine thread): the options' values until rank 0 sends others.
   TunedParams tuned_;
   uint64_t tuned_generation_ = 0;        // settings applied so far
@@ -272,7 +296,7 @@ class Engine : public gpu::GpuPath::Host {
   int64_t sent_notice_ = 0;
   std::atomic<int64_t> notice_{0};
   bool shutdown_sent_ = false;
-  bool finished_ = false;
+  std::atomic<bool> finished_{false};
   std::thread thread_;
 };
 

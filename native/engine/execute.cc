@@ -131,7 +131,10 @@ const Communicator& Engine::communicator(int process_set) {
 }
 
 void Engine::execute(const Response& resp, bool from_board) {
-  last_activity_ = moved_at_ = Clock::now();
+  moved_at_ = Clock::now();
+  // The engine thread's spin window follows its own work (a user thread running its op here
+  // keeps it asleep).
+  if (on_engine_thread()) last_activity_ = moved_at_;
   if (!from_board) cache_.remember_answers(resp, sets_);
   execute_response(resp);
   handles_.wake_waiters();

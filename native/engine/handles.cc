@@ -63,6 +63,11 @@ void HandleTable::mark_done(const std::shared_ptr<HandleState>& state) {
 }
 
 void HandleTable::wake_waiters() {
+  // Nobody waits (the common case when the op ran on its caller's thread): no lock, no
+  // notify. The fences pair with wait_until's: either this sees its waiters_ increment, or
+  // its check of the done flag sees the flag set before this fence.
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  if (waiters_.load(std::memory_order_relaxed) == 0) return;
   // Taking the mutex orders the done flags before any waiter's check-then-sleep, so no
   // wake-up is lost.
   { std::lock_guard<std::mutex> lock(mu_); }
@@ -73,6 +78,7 @@ bool HandleTable::wait_until(const std::shared_ptr<HandleState>& state, Clock::t
   auto done = [&] { return state->done.load(std::memory_order_acquire); };
   if (done()) return true;
   waiters_.fetch_add(1);
+  std::atomic_thread_fence(std::memory_order_seq_cst);  // see wake_waiters
   if (wait_hook_) wait_hook_();
   // Spin briefly (yielding, so the engine thread gets the core on a small machine) before
   // sleeping on the condition variable. (A pure spin on the word first cost 2 us per wait

@@ -126,10 +126,34 @@ void Engine::flush_requests() {
 
 void Engine::run_coordinator(bool burst_over) {
   submit_queued(burst_over);
+  progress();
+}
+
+void Engine::run_worker(bool burst_over) {
+  submit_queued(burst_over);
+  progress();
+}
+
+void Engine::progress() {
+  if (options_.rank != 0) {
+    for (const std::string& frame : read_frames(0)) {
+      ResponseBatch batch = decode_response_batch(frame);
+      if (!batch.abort.empty()) throw PeerLostError(batch.abort);
+      if (board_) {
+        tcp_batches_.push_back(std::move(batch));
+        tcp_batches_queued_.store(tcp_batches_.size(), std::memory_order_relaxed);
+        continue;
+      }
+      run_batch(batch);
+      if (finished_) break;
+    }
+    read_board();
+    return;
+  }
   for (int r = 1; r < options_.size; ++r) {
     for (const std::string& frame : read_frames(r)) {
       RequestBatch b = decode_request_batch(frame);
-      last_activity_ = Clock::now();
+      if (on_engine_thread()) last_activity_ = Clock::now();
       if (timeline_.active())
         for (const auto& q : b.requests)
           timeline_.instant(q.op, q.name, "rank " + std::to_string(b.rank) + " ready");
@@ -149,15 +173,7 @@ void Engine::run_coordinator(bool burst_over) {
 
   ResponseBatch batch;
   batch.responses = coordinator_->take_ready();
-  if (timeline_.active()) {
-    // Negotiated: from here until its collective starts, a tensor waits behind earlier ones.
-    for (const Response& resp : batch.responses)
-      for (const auto& name : resp.names)
-        if (table_.count(name)) {
-          timeline_.end(resp.op, name, Timeline::negotiate_phase(resp.op));
-          timeline_.begin(resp.op, name, "QUEUE");
-        }
-  }
+  for (const Response& resp : batch.responses) mark_negotiated(resp);
   batch.shutdown = coordinator_->all_shut_down();
   if (!batch.responses.empty() || batch.shutdown) send_batch(std::move(batch));
   read_board();
@@ -168,6 +184,16 @@ void Engine::run_coordinator(bool burst_over) {
     send_batch(ResponseBatch());
     read_board();
   }
+}
+
+void Engine::mark_negotiated(const Response& resp) {
+  if (!timeline_.active()) return;
+  // Negotiated: from here until its collective starts, a tensor waits behind earlier ones.
+  for (const auto& name : resp.names)
+    if (table_.count(name)) {
+      timeline_.end(resp.op, name, Timeline::negotiate_phase(resp.op));
+      timeline_.begin(resp.op, name, "QUEUE");
+    }
 }
 
 void Engine::send_batch(ResponseBatch batch) {
@@ -185,8 +211,12 @@ void Engine::send_batch(ResponseBatch batch) {
   // With a board, every rank executes the batch where its marker stands in the log.
   if (board_) board_->append(NegotiationBoard::kMarker | (batches_sent_++ & NegotiationBoard::kValueMask));
   for (int r = 1; r < options_.size; ++r) send_frame(mesh_.control[r].get(), frame);
-  if (board_) tcp_batches_.push_back(std::move(batch));
-  else run_batch(batch);
+  if (board_) {
+    tcp_batches_.push_back(std::move(batch));
+    tcp_batches_queued_.store(tcp_batches_.size(), std::memory_order_relaxed);
+  } else {
+    run_batch(batch);
+  }
 }
 
 void Engine::run_batch(const ResponseBatch& batch) {
@@ -198,6 +228,7 @@ void Engine::run_batch(const ResponseBatch& batch) {
 
 void Engine::apply_params(const TunedParams& params) {
   tuned_ = params;
+  cycle_time_ms_.store(params.cycle_time_ms, std::memory_order_relaxed);
   ++tuned_generation_;
   board_fusion_bytes_ = params.fusion_threshold_bytes;
   if (coordinator_) coordinator_->set_fusion_threshold(params.fusion_threshold_bytes);
@@ -221,21 +252,6 @@ TunedParams Engine::executed_params(uint64_t* generation) const {
   std::lock_guard<std::mutex> lock(executed_mu_);
   *generation = executed_generation_;
   return executed_params_;
-}
-
-void Engine::run_worker(bool burst_over) {
-  submit_queued(burst_over);
-  for (const std::string& frame : read_frames(0)) {
-    ResponseBatch batch = decode_response_batch(frame);
-    if (!batch.abort.empty()) throw PeerLostError(batch.abort);
-    if (board_) {
-      tcp_batches_.push_back(std::move(batch));
-      continue;
-    }
-    run_batch(batch);
-    if (finished_) break;
-  }
-  read_board();
 }
 
 void Engine::report_blocked() {
