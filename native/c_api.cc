@@ -404,6 +404,11 @@ int32_t shvd_post_notice(int64_t id) {
   return 0;
 }
 
+int64_t shvd_calling_thread_ops(void) {
+  auto e = engine();
+  return e ? e->ran_here() : 0;
+}
+
 int64_t shvd_released_notice(void) {
   auto e = engine();
   return e ? e->handles().released_notice() : 0;

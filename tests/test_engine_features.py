@@ -262,6 +262,24 @@ def test_abort_from_another_thread_then_reinit(transport):
         assert float(r.field(k, "elapsed")) < 5
 
 
+# -- the calling-thread path ---------------------------------------------------------------
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("transport,threads", [("shm", "1"), ("shm", "2"), ("tcp", "1")])
+def test_small_allreduces_on_the_calling_thread(transport, threads):
+    """On one host, cached synchronous allreduces and barriers run on the thread that waits for
+    them (no hand-off to the engine thread), while a second thread's asynchronous or
+    synchronous ops go on beside them: every result exact. Over TCP they take the engine's
+    path."""
+    r = run_job(3, "features", "calling_thread", threads, transport=transport, timeout=80)
+    r.assert_ok(3)
+    here = [int(r.field(k, "here")) for k in range(3)]
+    if transport == "shm":
+        assert all(n >= 250 for n in here), here
+    else:
+        assert here == [0, 0, 0], here
+
+
 # -- join -----------------------------------------------------------------------------------
 
 @pytest.mark.timeout(60)

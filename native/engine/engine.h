@@ -173,6 +173,13 @@ class Engine : public gpu::GpuPath::Host {
   bool on_engine_thread() const { return std::this_thread::get_id() == thread_.get_id(); }
   bool control_readable();  // a control link has bytes to read (never blocks)
 
+ public:
+  // Ops that ran on their caller's thread (run_here) since init.
+  int64_t ran_here() const { return ran_here_.load(std::memory_order_relaxed); }
+
+ private:
+  std::atomic<int64_t> ran_here_{0};
+
   // Running a response (execute.cc).
   // `from_board`: a cached response off the board (its answers are already remembered).
   void execute(const Response& response, bool from_board = false);

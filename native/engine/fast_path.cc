@@ -107,6 +107,7 @@ bool Engine::run_here(Entry& entry) {
     return true;
   }
   running_here_.fetch_sub(1);
+  if (state->done.load(std::memory_order_acquire)) ran_here_.fetch_add(1, std::memory_order_relaxed);
   // The engine thread watches the board again: raise its sleeping flag (peers' appends wake it)
   // and wake it now if there is work already.
   if (engine_needed) work_pending_.store(true);

@@ -214,6 +214,9 @@ int32_t shvd_abort(const char* why);
  * carries it. shvd_released_notice: the newest id among the ops whose handles this rank has
  * released (0 before any), the same on every rank at the same point of an SPMD program. */
 int32_t shvd_post_notice(int64_t id);
+/* Synchronous ops this process ran on the calling thread since init (when every rank shares a
+ * host, a cached small allreduce or barrier runs there instead of on the engine thread). */
+int64_t shvd_calling_thread_ops(void);
 int64_t shvd_released_notice(void);
 
 int32_t shvd_rank(void);

@@ -82,6 +82,7 @@ def _load():
         "shvd_abort": (i32, [ctypes.c_char_p]),
         "shvd_post_notice": (i32, [i64]),
         "shvd_released_notice": (i64, []),
+        "shvd_calling_thread_ops": (i64, []),
         "shvd_rank": (i32, []), "shvd_size": (i32, []),
         "shvd_local_rank": (i32, []), "shvd_local_size": (i32, []),
         "shvd_cross_rank": (i32, []), "shvd_cross_size": (i32, []),

@@ -324,6 +324,47 @@ def abort_then_reinit(c):
     hvd.shutdown()
 
 
+# -- the calling-thread path ---------------------------------------------------------------
+
+def calling_thread(c, threads="1"):
+    """Synchronous allreduces and barriers, with a second thread submitting asynchronous
+    allreduces (and synchronous ones, 'threads' 2) at the same time: every result exact, and
+    the number of ops that ran on their caller's thread reported."""
+    import threading
+    from spark_hvd.common import _native
+    rank, size = hvd.rank(), hvd.size()
+    want = size * (size + 1) / 2
+    errors = []
+
+    def other():
+        try:
+            for i in range(300):
+                x = np.full(1000, rank + 1.0, np.float32)
+                if threads == "2":
+                    got = hvd.allreduce(x, name=f"other.{i % 4}", op=hvd.Sum)
+                else:
+                    got = hvd.synchronize(hvd.allreduce_async(x, name=f"other.{i % 4}",
+                                                              op=hvd.Sum))
+                if not np.all(got == want):
+                    errors.append(f"other {i}: {got[:3]}")
+        except Exception as e:  # noqa: BLE001
+            errors.append(repr(e))
+    t = threading.Thread(target=other)
+    t.start()
+    a = np.zeros(4, np.float32)
+    for i in range(500):
+        a[:] = rank + 1
+        hvd.allreduce_(a, name="main", op=hvd.Sum)
+        c.check(np.all(a == want), f"main {i}: {a}")
+        if i % 50 == 0:
+            hvd.barrier()
+    t.join()
+    c.check(not errors, f"second thread: {errors[:3]}")
+    hvd.barrier()
+    c.fields["here"] = _native.lib.shvd_calling_thread_ops()
+    hvd.shutdown()
+
+
 # -- join -----------------------------------------------------------------------------------
 
 def join(c, order="ascending"):
