@@ -76,3 +76,14 @@ class Compression:
 
     none = NoneCompressor
     fp16 = FP16Compressor
+
+
+def compressed(compression, tensors, collective, *args):
+    """``collective(tensors, *args)`` (a list in, a list out) run on the tensors as
+    ``compression`` sends them; returns its outputs decompressed (``[]`` for no tensors).
+    The framework adapters' allreduce and reducescatter, single and grouped, go through here."""
+    pairs = [compression.compress(t) for t in tensors]
+    if not pairs:
+        return []
+    outs = collective([c for c, _ in pairs], *args)
+    return [compression.decompress(o, ctx) for o, (_, ctx) in zip(outs, pairs)]
