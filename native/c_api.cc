@@ -353,12 +353,7 @@ int32_t shvd_init(const shvd_init_options* o) {
     eo.autotune.steps_per_sample = o->autotune_steps_per_sample;
     eo.autotune.max_samples = o->autotune_bayes_opt_max_samples;
     eo.autotune.noise = o->autotune_gaussian_process_noise;
-    eo.autotune.fixed = uint32_t(o->autotune_fixed);
-    if (eo.autotune.enabled &&
-        (eo.autotune.warmup_samples < 0 || eo.autotune.steps_per_sample < 1 ||
-         eo.autotune.max_samples < 1 || !(eo.autotune.noise > 0)))
-      return fail(SHVD_ERR_INVALID, "autotune: warm-up samples must be >= 0, steps per sample "
-                                    "and samples >= 1, and the noise > 0");
+    eo.autotune.fixed = uint32_t(o->autotune_fixed);  // values validated by the caller
     const int32_t* ranks = o->process_set_ranks;
     for (int i = 0; i < o->num_process_sets; ++i) {
       eo.static_process_sets.emplace_back(ranks, ranks + o->process_set_sizes[i]);

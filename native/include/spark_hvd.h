@@ -98,7 +98,8 @@ typedef struct {
   int32_t hierarchical_allreduce;
   int32_t hierarchical_allgather;
   /* Autotuning (HOROVOD_AUTOTUNE): rank 0 measures and decides, every rank applies the same
-   * settings at the same response batch. 0: off. */
+   * settings at the same response batch. 0: off. The core trusts the values: their bounds are
+   * checked where they are set (AUTOTUNE_BOUNDS of spark_hvd/common/_config.py). */
   int32_t autotune;
   const char* autotune_log;             /* CSV of the samples, rank 0; NULL or "" for none */
   int32_t autotune_warmup_samples;      /* samples measured but not used */

@@ -22,6 +22,7 @@ import time
 
 from spark_hvd import __version__
 from spark_hvd.common import _bootstrap_contract as contract
+from spark_hvd.common._config import AUTOTUNE_BOUNDS, autotune_bound_broken
 from spark_hvd.common._network import interface_setting, pinned_interface_address
 from spark_hvd.common._rendezvous import RendezvousServer
 from spark_hvd.common._secret import make_secret, secret_to_env
@@ -233,10 +234,6 @@ _CONFIG_UNSUPPORTED = {
 _NUMERIC_MINIMUM = {"fusion_threshold_mb": 0, "cycle_time_ms": 0, "cache_capacity": 0,
                     "stall_check_warning_time_seconds": 0,
                     "stall_check_shutdown_time_seconds": 0, "gloo_timeout_seconds": 0}
-_POSITIVE = 1e-300  # "> 0" for a float
-_AUTOTUNE_MINIMUM = {"autotune_warmup_samples": 0, "autotune_steps_per_sample": 1,
-                     "autotune_bayes_opt_max_samples": 1,
-                     "autotune_gaussian_process_noise": _POSITIVE}
 
 
 def apply_config_file(args: argparse.Namespace, path: str) -> list[str]:
@@ -351,12 +348,12 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return 2
-    for attr, least in _AUTOTUNE_MINIMUM.items():
-        value = getattr(args, attr)
-        if value is not None and not value >= least:
-            flag = "--" + attr.replace("_", "-")
-            print(f"{PROG}: error: {flag} must be {'> 0' if least == _POSITIVE else f'>= {least}'}"
-                  f", got {value}", file=sys.stderr)
+    for name in AUTOTUNE_BOUNDS:
+        value = getattr(args, name.lower())
+        bound = None if value is None else autotune_bound_broken(name, value)
+        if bound:
+            flag = "--" + name.lower().replace("_", "-")
+            print(f"{PROG}: error: {flag} must be {bound}, got {value}", file=sys.stderr)
             return 2
     threshold = log_threshold(args)
     for note in notes:
