@@ -136,12 +136,11 @@ def test_local_hosts():
 
 
 def test_bind_address_rules():
-    assert _env.bind_address("127.0.0.2", True, True, None) == "127.0.0.2"
-    assert _env.bind_address("127.0.0.2", True, True, "10.0.0.5") == "127.0.0.2"
-    assert _env.bind_address("localhost", True, True, None) == "127.0.0.1"
-    assert _env.bind_address("localhost", True, False, None) == "0.0.0.0"
-    assert _env.bind_address("me", True, False, "10.0.0.5") == "10.0.0.5"
-    assert _env.bind_address("remote", False, False, "10.0.0.5") == "0.0.0.0"
+    assert _env.bind_address("127.0.0.2", True) == "127.0.0.2"
+    assert _env.bind_address("127.0.0.2", False) == "127.0.0.2"
+    assert _env.bind_address("localhost", True) == "127.0.0.1"
+    assert _env.bind_address("localhost", False) == "0.0.0.0"
+    assert _env.bind_address("remote", False) == "0.0.0.0"
 
 
 def test_config_flags_to_env():

@@ -493,7 +493,7 @@ class _Job:
     def _start_rank(self, slot, rendezvous_addr, secret_hex, job_id, config) -> bool:
         host = slot.hostname
         local = self.is_local[host]
-        bind_addr = _env.bind_address(host, local, self.all_local, self.interface_ip)
+        bind_addr = _env.bind_address(host, self.all_local)
         env = rank_env(dict(os.environ), slot, rendezvous_addr=rendezvous_addr,
                        secret_hex=secret_hex, job_id=job_id, bind_addr=bind_addr,
                        start_timeout=self.start_timeout, config=config)
