@@ -135,6 +135,18 @@ def test_local_hosts():
     assert _net.interface_addresses()["lo"] == "127.0.0.1"
 
 
+def test_each_host_is_looked_up_once(monkeypatch):
+    """The launcher decides once per host whether it is this machine (a name may need DNS):
+    the rendezvous address, the bind addresses and the spawns share the answer."""
+    from spark_hvd.runner import launch as _launch
+    looked_up = []
+    real = _net.is_local_host
+    monkeypatch.setattr(_net, "is_local_host",
+                        lambda host, *args: looked_up.append(host) or real(host, *args))
+    assert _launch.main(["-H", "localhost:2,127.0.0.1:1", "true"]) == 0
+    assert looked_up == ["localhost", "127.0.0.1"]
+
+
 def test_bind_address_rules():
     assert _env.bind_address("127.0.0.2", True) == "127.0.0.2"
     assert _env.bind_address("127.0.0.2", False) == "127.0.0.2"
