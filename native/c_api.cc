@@ -13,6 +13,7 @@
 #include "engine/engine.h"
 #include "include/spark_hvd.h"
 #include "mpi/mpi_backend.h"
+#include "transport/mesh.h"
 
 using namespace shvd;
 
@@ -61,6 +62,8 @@ int32_t guarded(F body) {
     return fail(SHVD_ERR_UNSUPPORTED, e.what());
   } catch (const OpMismatchError& e) {
     return fail(SHVD_ERR_INVALID, e.what());
+  } catch (const ConnectTimeoutError& e) {
+    return fail(SHVD_ERR_CONNECT, e.what());
   } catch (const PeerLostError& e) {
     return fail(SHVD_ERR_INTERNAL, e.what());
   } catch (const std::exception& e) {
@@ -89,6 +92,7 @@ std::string abi_codes_table() {
   line("error", "internal", SHVD_ERR_INTERNAL);
   line("error", "state", SHVD_ERR_STATE);
   line("error", "unsupported", SHVD_ERR_UNSUPPORTED);
+  line("error", "connect", SHVD_ERR_CONNECT);
   return t;
 }
 

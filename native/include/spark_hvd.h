@@ -23,6 +23,8 @@ enum {
   SHVD_ERR_INTERNAL = 2,  /* peer lost / job torn down: HorovodInternalError */
   SHVD_ERR_STATE = 3,     /* not initialized, already initialized, ...: RuntimeError */
   SHVD_ERR_UNSUPPORTED = 4, /* valid but not implemented (as in Horovod): NotImplementedError */
+  SHVD_ERR_CONNECT = 5,   /* shvd_init: ranks did not connect within the start timeout (an
+                           * unreachable advertised address, mostly): HorovodInternalError */
 };
 
 /* Element types (shvd_op.dtype). UINT16 came later and was appended. */

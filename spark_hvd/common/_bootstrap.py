@@ -16,10 +16,9 @@ import socket
 
 from . import _bootstrap_contract as contract
 from . import _launchers, _mpi
-from ._native import InitOptions, check, lib
+from ._native import ERR_CONNECT, InitOptions, check, lib, raise_last_error
 from ._network import pinned_interface_address, route_address
 from ._secret import secret_from_env
-from .exceptions import HorovodInternalError
 
 _log = logging.getLogger("spark_hvd")
 
@@ -232,12 +231,9 @@ def start(config, comm=None, process_sets=(), rendezvous=None, placement=None, s
         autotune_fixed=config.autotune_fixed_bits(),
         peer_timeout_seconds=config.peer_timeout, shared_gpu=config.shared_gpu,
         **mpi_options)
-    try:
-        check(lib.shvd_init(opts))
-    except HorovodInternalError as e:
-        if "to connect" not in str(e):
-            raise
-        raise HorovodInternalError(f"{e} {_address_hint(peers)}") from None
+    if lib.shvd_init(opts) == -1:
+        # Ranks that did not all connect: say where each was told to connect.
+        raise_last_error({ERR_CONNECT: _address_hint(peers)})
     _mpi.started(mpi_options)
     return placement
 
