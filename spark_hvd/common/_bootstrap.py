@@ -54,11 +54,6 @@ class MpiRendezvous:
         return self.comm.allgather(value)
 
 
-def _env_int(name):
-    value = os.environ.get(name)
-    return int(value) if value not in (None, "") else None
-
-
 def _advertised_host(bind_addr, rendezvous_host=None):
     """The address other ranks use to reach our listener: the bind address, or for a wildcard
     bind the local address that routes to the rendezvous host (``gethostbyname(hostname)``
@@ -92,15 +87,10 @@ def _mpi_discover(comm):
     return placement, MpiRendezvous(comm), secret, job_id
 
 
-def _spark_hvd_discover(generation):
-    rank = _env_int(contract.RANK)
-    size = _env_int(contract.SIZE)
-    if size is None:
-        raise RuntimeError(f"{contract.RANK} is set but {contract.SIZE} is not: the launcher's "
-                           "environment is incomplete")
-    placement = Placement(rank, size, _env_int(contract.LOCAL_RANK),
-                          _env_int(contract.LOCAL_SIZE), _env_int(contract.CROSS_RANK),
-                          _env_int(contract.CROSS_SIZE))
+def _spark_hvd_discover(launch, generation):
+    size = launch.size
+    placement = Placement(launch.rank, size, launch.local_rank, launch.local_size,
+                          launch.cross_rank, launch.cross_size)
     secret = secret_from_env(os.environ.get(contract.SECRET, ""))
     job_id = os.environ.get(contract.JOB_ID) or contract.DEFAULT_JOB_ID
     rendezvous = None
@@ -143,10 +133,10 @@ def discover(comm=None, generation=0):
     if comm is not None:
         return _mpi_discover(comm)
     launch = _launchers.identify()
-    if launch is None:
+    if launch is None or launch.cannot_join:  # identify() let it pass: a job of one
         return _single()
     if launch.launcher == _launchers.SPARK_HVD_RUN:
-        return _spark_hvd_discover(generation)
+        return _spark_hvd_discover(launch, generation)
     if launch.launcher == _launchers.OPEN_MPI:
         return _mpi_discover(_mpi_comm(None))
     return _other_launcher_discover(launch, generation)
