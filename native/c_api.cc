@@ -13,6 +13,7 @@
 #include "engine/engine.h"
 #include "include/spark_hvd.h"
 #include "mpi/mpi_backend.h"
+#include "transport/mesh.h"
 
 using namespace shvd;
 
@@ -52,6 +53,8 @@ int32_t guarded(F body) {
     return fail(SHVD_ERR_UNSUPPORTED, e.what());
   } catch (const OpMismatchError& e) {
     return fail(SHVD_ERR_INVALID, e.what());
+  } catch (const ConnectTimeoutError& e) {
+    return fail(SHVD_ERR_CONNECT, e.what());
   } catch (const PeerLostError& e) {
     return fail(SHVD_ERR_INTERNAL, e.what());
   } catch (const std::exception& e) {
@@ -80,6 +83,7 @@ std::string abi_codes_table() {
   line("error", "internal", SHVD_ERR_INTERNAL);
   line("error", "state", SHVD_ERR_STATE);
   line("error", "unsupported", SHVD_ERR_UNSUPPORTED);
+  line("error", "connect", SHVD_ERR_CONNECT);
   return t;
 }
 
@@ -348,12 +352,7 @@ int32_t shvd_init(const shvd_init_options* o) {
     eo.autotune.steps_per_sample = o->autotune_steps_per_sample;
     eo.autotune.max_samples = o->autotune_bayes_opt_max_samples;
     eo.autotune.noise = o->autotune_gaussian_process_noise;
-    eo.autotune.fixed = uint32_t(o->autotune_fixed);
-    if (eo.autotune.enabled &&
-        (eo.autotune.warmup_samples < 0 || eo.autotune.steps_per_sample < 1 ||
-         eo.autotune.max_samples < 1 || !(eo.autotune.noise > 0)))
-      return fail(SHVD_ERR_INVALID, "autotune: warm-up samples must be >= 0, steps per sample "
-                                    "and samples >= 1, and the noise > 0");
+    eo.autotune.fixed = uint32_t(o->autotune_fixed);  // values validated by the caller
     const int32_t* ranks = o->process_set_ranks;
     for (int i = 0; i < o->num_process_sets; ++i) {
       eo.static_process_sets.emplace_back(ranks, ranks + o->process_set_sizes[i]);

@@ -75,7 +75,7 @@ def test_dtype_sizes_match_torch():
     (lambda t: {**t, "op": {**t["op"], "join": t["op"]["barrier"]}},
      "op: two names share a code"),
     (lambda t: {k: v for k, v in t.items() if k != "error"},
-     "error: missing internal, invalid, none, state, unsupported"),
+     "error: missing connect, internal, invalid, none, state, unsupported"),
 ])
 def test_check_refuses_a_mismatch(tamper, complaint):
     """check_abi_codes accepts the core's own table and refuses any table that differs."""

@@ -130,18 +130,29 @@ def test_local_hosts():
         assert _net.is_local_host(host, ids), host
     assert not _net.is_local_host("203.0.113.7", ids)
     assert _net.is_local_host(socket.gethostname())
-    assert _net.interface_ipv4("lo") == "127.0.0.1"
-    with pytest.raises(ValueError, match="no IPv4 address"):
-        _net.interface_ipv4("no-such-if0")
+    # The interfaces' addresses count as this machine (an unknown interface name is
+    # test_network_interface's).
+    assert _net.interface_addresses()["lo"] == "127.0.0.1"
+
+
+def test_each_host_is_looked_up_once(monkeypatch):
+    """The launcher decides once per host whether it is this machine (a name may need DNS):
+    the rendezvous address, the bind addresses and the spawns share the answer."""
+    from spark_hvd.runner import launch as _launch
+    looked_up = []
+    real = _net.is_local_host
+    monkeypatch.setattr(_net, "is_local_host",
+                        lambda host, *args: looked_up.append(host) or real(host, *args))
+    assert _launch.main(["-H", "localhost:2,127.0.0.1:1", "true"]) == 0
+    assert looked_up == ["localhost", "127.0.0.1"]
 
 
 def test_bind_address_rules():
-    assert _env.bind_address("127.0.0.2", True, True, None) == "127.0.0.2"
-    assert _env.bind_address("127.0.0.2", True, True, "10.0.0.5") == "127.0.0.2"
-    assert _env.bind_address("localhost", True, True, None) == "127.0.0.1"
-    assert _env.bind_address("localhost", True, False, None) == "0.0.0.0"
-    assert _env.bind_address("me", True, False, "10.0.0.5") == "10.0.0.5"
-    assert _env.bind_address("remote", False, False, "10.0.0.5") == "0.0.0.0"
+    assert _env.bind_address("127.0.0.2", True) == "127.0.0.2"
+    assert _env.bind_address("127.0.0.2", False) == "127.0.0.2"
+    assert _env.bind_address("localhost", True) == "127.0.0.1"
+    assert _env.bind_address("localhost", False) == "0.0.0.0"
+    assert _env.bind_address("remote", False) == "0.0.0.0"
 
 
 def test_config_flags_to_env():

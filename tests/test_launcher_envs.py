@@ -150,6 +150,44 @@ def test_torch_env_rank0_hosts_the_store():
     assert out.count("TORCH sum=2") == 2, out
 
 
+def torch_env(rank, port, **placement):
+    """torch's env:// variables for rank ``rank`` of 2 with the store on ``port`` (rank 0
+    hosts it), plus the torchrun placement variables given."""
+    return dict(RANK=rank, WORLD_SIZE=2, MASTER_ADDR="127.0.0.1", MASTER_PORT=port, **placement)
+
+
+# Partial torchrun placements, each complete but for one size that the others determine.
+_DERIVED = {
+    # name: (placement variables for rank r, (local rank, local size, cross rank, cross size))
+    "GROUP_WORLD_SIZE = WORLD_SIZE / LOCAL_WORLD_SIZE, one host": (
+        lambda r: dict(LOCAL_RANK=r, LOCAL_WORLD_SIZE=2, GROUP_RANK=0),
+        lambda r: (r, 2, 0, 1)),
+    "GROUP_WORLD_SIZE = WORLD_SIZE / LOCAL_WORLD_SIZE, two hosts": (
+        lambda r: dict(LOCAL_RANK=0, LOCAL_WORLD_SIZE=1, GROUP_RANK=r),
+        lambda r: (0, 1, r, 2)),
+    "LOCAL_WORLD_SIZE = WORLD_SIZE / GROUP_WORLD_SIZE": (
+        lambda r: dict(LOCAL_RANK=r, GROUP_RANK=0, GROUP_WORLD_SIZE=1),
+        lambda r: (r, 2, 0, 1)),
+}
+
+
+@pytest.mark.parametrize("case", list(_DERIVED))
+def test_torchrun_placement_without_a_size_is_derived(case):
+    """torchrun runs as many ranks on every host, so a size it left out follows from the
+    others: 2 real processes with the variables as given join and reduce together."""
+    placement, expected = _DERIVED[case]
+    port = free_port()
+    results = run_ranks([torch_env(r, port, **placement(r)) for r in range(2)])
+    out = "".join(o for _, o in results)
+    assert [rc for rc, _ in results] == [0, 0], out
+    assert_joined(out, 2, local=False)
+    found = ok_lines(out)
+    for rank in range(2):
+        [line] = found[rank]
+        got = (line["local_rank"], line["local_size"], line["cross_rank"], line["cross_size"])
+        assert got == expected(rank), out
+
+
 def test_size_one_needs_no_rendezvous():
     """WORLD_SIZE=1 alone is a job of one: no MASTER_ADDR needed."""
     [(rc, out)] = run_ranks([dict(RANK=0, WORLD_SIZE=1)])
@@ -304,14 +342,98 @@ _CANNOT_JOIN = {
 }
 
 
-@pytest.mark.parametrize("case", list(_CANNOT_JOIN))
-def test_cannot_join_is_a_clear_error_on_every_rank(case):
-    make_env, words = _CANNOT_JOIN[case]
+def assert_error_on_every_rank(make_env, words):
+    """2 real processes with ``make_env(rank)`` each refuse init with every one of ``words``."""
     results = run_ranks([make_env(r) for r in range(2)], timeout=60)
     for rc, out in results:
         assert rc == 3 and out.startswith("ERROR spark_hvd.init: "), out
         for word in words:
             assert word in out, (word, out)
+
+
+@pytest.mark.parametrize("case", list(_CANNOT_JOIN))
+def test_cannot_join_is_a_clear_error_on_every_rank(case):
+    assert_error_on_every_rank(*_CANNOT_JOIN[case])
+
+
+def _without(env, *names):
+    return {k: v for k, v in env.items() if k not in names}
+
+
+# A launcher's variables with one missing (or contradicting another), as a wrapper script or a
+# hand-written job file leaves them: init names what is missing and what to set, on every rank.
+_PARTIAL = {
+    # name: (variables for rank r, words the message must contain)
+    "torchrun: GROUP_RANK without GROUP_WORLD_SIZE or LOCAL_WORLD_SIZE": (
+        lambda r: torch_env(r, 1, GROUP_RANK=r),
+        ["GROUP_RANK is set but GROUP_WORLD_SIZE (the number of hosts) is not",
+         "it would be WORLD_SIZE / LOCAL_WORLD_SIZE, but LOCAL_WORLD_SIZE is not set either",
+         "Set GROUP_WORLD_SIZE for every rank, or unset GROUP_RANK"]),
+    "torchrun: uneven hosts": (
+        lambda r: dict(torch_env(r, 1, LOCAL_RANK=r, LOCAL_WORLD_SIZE=2, GROUP_RANK=0),
+                       WORLD_SIZE=3),
+        ["GROUP_WORLD_SIZE (the number of hosts) is not",
+         "WORLD_SIZE=3 is not a multiple of LOCAL_WORLD_SIZE=2", "Set GROUP_WORLD_SIZE"]),
+    "torchrun: LOCAL_RANK without LOCAL_WORLD_SIZE": (
+        lambda r: torch_env(r, 1, LOCAL_RANK=r),
+        ["LOCAL_RANK is set but LOCAL_WORLD_SIZE (the number of ranks on this host) is not",
+         "GROUP_WORLD_SIZE is not set either", "Set LOCAL_WORLD_SIZE for every rank"]),
+    "torchrun: GROUP_RANK beyond the hosts": (
+        lambda r: torch_env(r, 1, LOCAL_RANK=r, LOCAL_WORLD_SIZE=2, GROUP_RANK=1),
+        ["GROUP_RANK=1 is not in [0, 1)", "derived as WORLD_SIZE / LOCAL_WORLD_SIZE = 1"]),
+    "torch: RANK without WORLD_SIZE": (
+        lambda r: _without(torch_env(r, 1), "WORLD_SIZE"),
+        ["RANK and WORLD_SIZE must both be set, but WORLD_SIZE is not set", "torchrun"]),
+    "torch: WORLD_SIZE without RANK": (
+        lambda r: _without(torch_env(r, 1), "RANK"),
+        ["RANK and WORLD_SIZE must both be set, but RANK is not set", "torchrun"]),
+    "torch: MASTER_ADDR without MASTER_PORT": (
+        lambda r: _without(torch_env(r, 1), "MASTER_PORT"),
+        ["MASTER_PORT is not set, so the other ranks cannot be found", "export MASTER_ADDR"]),
+    "Open MPI: rank without size": (
+        lambda r: dict(OMPI_COMM_WORLD_RANK=r),
+        ["OMPI_COMM_WORLD_SIZE is not set", "start the job with mpirun"]),
+    "Open MPI: size without rank": (
+        lambda r: dict(OMPI_COMM_WORLD_SIZE=2),
+        ["OMPI_COMM_WORLD_RANK is not set", "start the job with mpirun"]),
+    "MPICH: MPI_LOCALRANKID without MPI_LOCALNRANKS": (
+        lambda r: dict(PMI_RANK=r, PMI_SIZE=2, PMI_PORT="127.0.0.1:1", MPI_LOCALRANKID=r),
+        ["MPI_LOCALRANKID is set but MPI_LOCALNRANKS (the number of ranks on this host) is not",
+         "Set MPI_LOCALNRANKS for every rank"]),
+    "horovodrun: HOROVOD_RANK without HOROVOD_SIZE": (
+        lambda r: _without(horovod_env(r, 2, 1), "HOROVOD_SIZE"),
+        ["HOROVOD_RANK and HOROVOD_SIZE must both be set, but HOROVOD_SIZE is not set",
+         "horovodrun"]),
+    "horovodrun: local rank without local size": (
+        lambda r: _without(horovod_env(r, 2, 1), "HOROVOD_LOCAL_SIZE"),
+        ["HOROVOD_LOCAL_RANK is set but HOROVOD_LOCAL_SIZE", "Set HOROVOD_LOCAL_SIZE"]),
+    "horovodrun: cross rank without cross size": (
+        lambda r: _without(horovod_env(r, 2, 1), "HOROVOD_CROSS_SIZE"),
+        ["HOROVOD_CROSS_RANK is set but HOROVOD_CROSS_SIZE (the number of hosts) is not",
+         "Set HOROVOD_CROSS_SIZE"]),
+    "horovodrun: no rendezvous port": (
+        lambda r: _without(horovod_env(r, 2, 1), "HOROVOD_GLOO_RENDEZVOUS_PORT"),
+        ["HOROVOD_GLOO_RENDEZVOUS_PORT is not set, so the other ranks cannot be found"]),
+    "spark-hvd-run: SPARK_HVD_RANK without SPARK_HVD_SIZE": (
+        lambda r: dict(SPARK_HVD_RANK=r),
+        ["SPARK_HVD_RANK and SPARK_HVD_SIZE must both be set, but SPARK_HVD_SIZE is not set",
+         "spark-hvd-run"]),
+    "spark-hvd-run: SPARK_HVD_SIZE without SPARK_HVD_RANK": (
+        lambda r: dict(SPARK_HVD_SIZE=2),
+        ["but SPARK_HVD_RANK is not set", "spark-hvd-run"]),
+    "spark-hvd-run: local rank without local size": (
+        lambda r: dict(SPARK_HVD_RANK=r, SPARK_HVD_SIZE=2, SPARK_HVD_LOCAL_RANK=r,
+                       SPARK_HVD_RENDEZVOUS_ADDR="127.0.0.1:1"),
+        ["SPARK_HVD_LOCAL_RANK is set but SPARK_HVD_LOCAL_SIZE", "Set SPARK_HVD_LOCAL_SIZE"]),
+    "Slurm: MASTER_ADDR without MASTER_PORT": (
+        lambda r: slurm_env(r, 2, MASTER_ADDR="127.0.0.1"),
+        ["MASTER_ADDR is set, but MASTER_PORT is not set", "srun --mpi=pmi2"]),
+}
+
+
+@pytest.mark.parametrize("case", list(_PARTIAL))
+def test_a_partial_environment_names_what_is_missing(case):
+    assert_error_on_every_rank(*_PARTIAL[case])
 
 
 @pytest.mark.parametrize("channel", ["horovodrun", "torch store"])
@@ -345,6 +467,10 @@ def test_precedence_and_nesting():
     assert (nested.launcher, nested.rank, nested.size) == ("torchrun", 5, 8)
     assert (nested.local_rank, nested.local_size, nested.cross_rank, nested.cross_size) == \
         (1, 4, 1, 2)
+    # torchrun runs as many ranks on every host: GROUP_WORLD_SIZE = WORLD_SIZE / LOCAL_WORLD_SIZE.
+    derived = identify(dict(RANK="3", WORLD_SIZE="8", LOCAL_RANK="1", LOCAL_WORLD_SIZE="2",
+                            GROUP_RANK="1", MASTER_ADDR="n0", MASTER_PORT="29500"))
+    assert (derived.local_size, derived.cross_rank, derived.cross_size) == (2, 1, 4)
     # Open MPI before the others when sizes agree.
     mpi = identify(dict(OMPI_COMM_WORLD_RANK="0", OMPI_COMM_WORLD_SIZE="2", PMI_RANK="0",
                         PMI_SIZE="2"))

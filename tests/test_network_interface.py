@@ -70,3 +70,35 @@ def test_an_interface_a_host_lacks_fails_every_rank_that_reaches_init():
     assert done.returncode == 1
     assert re.search(r"ValueError: spark_hvd.init: rank \d: HOROVOD_GLOO_IFACE=no-such-if0: host "
                      r"\S+ has no network interface", done.stderr), done.stderr
+
+
+# Rank 1 leaves between the rendezvous and connecting (its core never starts), so rank 0's
+# connections time out; rank 0 prints the error and the core's error kind.
+_UNCONNECTED = """
+import os
+import spark_hvd.numpy as hvd
+from spark_hvd.common import _bootstrap, _native
+
+class LeavesBeforeConnecting:
+    def __getattr__(self, name):
+        return (lambda options: os._exit(0)) if name == "shvd_init" else getattr(_native.lib, name)
+
+if os.environ["SPARK_HVD_RANK"] == "1":
+    _bootstrap.lib = LeavesBeforeConnecting()
+try:
+    hvd.init()
+except hvd.HorovodInternalError as e:
+    print("KIND", _native.lib.shvd_last_error_kind() == _native.ERR_CONNECT, "ERROR", e)
+"""
+
+
+@pytest.mark.timeout(150)
+def test_ranks_that_do_not_connect_hear_the_advertised_addresses():
+    """The core reports a mesh that did not connect in time as its own error kind
+    (SHVD_ERR_CONNECT), and init() adds by that kind which addresses the ranks advertised."""
+    done = subprocess.run([PY, "-m", "spark_hvd.runner", "-np", "2", "--start-timeout", "3",
+                           PY, "-c", _UNCONNECTED], capture_output=True, text=True, timeout=120)
+    assert "KIND True ERROR" in done.stdout, (done.stdout, done.stderr)
+    assert "waiting for ranks [1] to connect" in done.stdout, done.stdout
+    assert re.search(r"The ranks advertised these addresses: rank 0: 127\.0\.0\.1:\d+ on \S+; "
+                     r"rank 1: 127\.0\.0\.1:\d+ on \S+\.", done.stdout), done.stdout

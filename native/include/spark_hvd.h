@@ -23,6 +23,8 @@ enum {
   SHVD_ERR_INTERNAL = 2,  /* peer lost / job torn down: HorovodInternalError */
   SHVD_ERR_STATE = 3,     /* not initialized, already initialized, ...: RuntimeError */
   SHVD_ERR_UNSUPPORTED = 4, /* valid but not implemented (as in Horovod): NotImplementedError */
+  SHVD_ERR_CONNECT = 5,   /* shvd_init: ranks did not connect within the start timeout (an
+                           * unreachable advertised address, mostly): HorovodInternalError */
 };
 
 /* Element types (shvd_op.dtype). UINT16 came later and was appended. */
@@ -98,7 +100,8 @@ typedef struct {
   int32_t hierarchical_allreduce;
   int32_t hierarchical_allgather;
   /* Autotuning (HOROVOD_AUTOTUNE): rank 0 measures and decides, every rank applies the same
-   * settings at the same response batch. 0: off. */
+   * settings at the same response batch. 0: off. The core trusts the values: their bounds are
+   * checked where they are set (AUTOTUNE_BOUNDS of spark_hvd/common/_config.py). */
   int32_t autotune;
   const char* autotune_log;             /* CSV of the samples, rank 0; NULL or "" for none */
   int32_t autotune_warmup_samples;      /* samples measured but not used */

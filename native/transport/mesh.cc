@@ -453,7 +453,7 @@ class MeshBuilder {
     if (!details.empty()) msg += " (" + details + ")";
     msg += ". Check that every rank started, can reach the others' addresses, and uses the same "
            "job secret.";
-    throw PeerLostError(msg);
+    throw ConnectTimeoutError(msg);
   }
 
   // ---- phase 2: shared memory for same-host pairs ------------------------------------------

@@ -64,8 +64,15 @@ struct Mesh {
   std::vector<std::unique_ptr<Link>> control;
 };
 
-// Throws PeerLostError on timeout/authentication failure of a legitimate peer; connections that
-// fail authentication (strangers) are dropped and waited past.
+// Ranks did not all connect within the timeout (shvd_init reports SHVD_ERR_CONNECT, so that
+// the bootstrap can add which addresses the ranks advertised).
+struct ConnectTimeoutError : PeerLostError {
+  using PeerLostError::PeerLostError;
+};
+
+// Throws ConnectTimeoutError when the connections are not all made in time, PeerLostError on
+// another failure of a legitimate peer; connections that fail authentication (strangers) are
+// dropped and waited past.
 Mesh build_mesh(Endpoint& endpoint, const MeshOptions& options);
 
 }  // namespace shvd

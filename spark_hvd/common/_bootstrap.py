@@ -16,10 +16,9 @@ import socket
 
 from . import _bootstrap_contract as contract
 from . import _launchers, _mpi
-from ._native import InitOptions, check, lib
+from ._native import ERR_CONNECT, InitOptions, check, lib, raise_last_error
 from ._network import pinned_interface_address, route_address
 from ._secret import secret_from_env
-from .exceptions import HorovodInternalError
 
 _log = logging.getLogger("spark_hvd")
 
@@ -55,11 +54,6 @@ class MpiRendezvous:
         return self.comm.allgather(value)
 
 
-def _env_int(name):
-    value = os.environ.get(name)
-    return int(value) if value not in (None, "") else None
-
-
 def _advertised_host(bind_addr, rendezvous_host=None):
     """The address other ranks use to reach our listener: the bind address, or for a wildcard
     bind the local address that routes to the rendezvous host (``gethostbyname(hostname)``
@@ -93,15 +87,10 @@ def _mpi_discover(comm):
     return placement, MpiRendezvous(comm), secret, job_id
 
 
-def _spark_hvd_discover(generation):
-    rank = _env_int(contract.RANK)
-    size = _env_int(contract.SIZE)
-    if size is None:
-        raise RuntimeError(f"{contract.RANK} is set but {contract.SIZE} is not: the launcher's "
-                           "environment is incomplete")
-    placement = Placement(rank, size, _env_int(contract.LOCAL_RANK),
-                          _env_int(contract.LOCAL_SIZE), _env_int(contract.CROSS_RANK),
-                          _env_int(contract.CROSS_SIZE))
+def _spark_hvd_discover(launch, generation):
+    size = launch.size
+    placement = Placement(launch.rank, size, launch.local_rank, launch.local_size,
+                          launch.cross_rank, launch.cross_size)
     secret = secret_from_env(os.environ.get(contract.SECRET, ""))
     job_id = os.environ.get(contract.JOB_ID) or contract.DEFAULT_JOB_ID
     rendezvous = None
@@ -144,10 +133,10 @@ def discover(comm=None, generation=0):
     if comm is not None:
         return _mpi_discover(comm)
     launch = _launchers.identify()
-    if launch is None:
+    if launch is None or launch.cannot_join:  # identify() let it pass: a job of one
         return _single()
     if launch.launcher == _launchers.SPARK_HVD_RUN:
-        return _spark_hvd_discover(generation)
+        return _spark_hvd_discover(launch, generation)
     if launch.launcher == _launchers.OPEN_MPI:
         return _mpi_discover(_mpi_comm(None))
     return _other_launcher_discover(launch, generation)
@@ -233,12 +222,9 @@ def start(config, comm=None, process_sets=(), rendezvous=None, placement=None, s
         peer_timeout_seconds=config.peer_timeout, shared_gpu=config.shared_gpu,
         deadlock_check_seconds=config.deadlock_check_seconds,
         **mpi_options)
-    try:
-        check(lib.shvd_init(opts))
-    except HorovodInternalError as e:
-        if "to connect" not in str(e):
-            raise
-        raise HorovodInternalError(f"{e} {_address_hint(peers)}") from None
+    if lib.shvd_init(opts) == -1:
+        # Ranks that did not all connect: say where each was told to connect.
+        raise_last_error({ERR_CONNECT: _address_hint(peers)})
     _mpi.started(mpi_options)
     return placement
 

@@ -177,15 +177,11 @@ class Config:
         self.autotune_fixed = [name for name in AUTOTUNE_FIXED_BITS if env(name) is not None]
         if not self.autotune:
             return
-        for name, value, least in (
-                ("AUTOTUNE_WARMUP_SAMPLES", self.autotune_warmup_samples, 0),
-                ("AUTOTUNE_STEPS_PER_SAMPLE", self.autotune_steps_per_sample, 1),
-                ("AUTOTUNE_BAYES_OPT_MAX_SAMPLES", self.autotune_bayes_opt_max_samples, 1)):
-            if value < least:
-                raise ValueError(f"{contract.set_name(name)} must be >= {least}, got {value}")
-        if not self.autotune_gaussian_process_noise > 0:
-            raise ValueError(f"{contract.set_name('AUTOTUNE_GAUSSIAN_PROCESS_NOISE')} must be "
-                             f"> 0, got {self.autotune_gaussian_process_noise}")
+        for name in AUTOTUNE_BOUNDS:
+            value = getattr(self, name.lower())
+            bound = autotune_bound_broken(name, value)
+            if bound:
+                raise ValueError(f"{contract.set_name(name)} must be {bound}, got {value}")
         # Rank 0 writes the log; every rank checks its folder so that all fail alike.
         folder = os.path.dirname(os.path.abspath(self.autotune_log)) if self.autotune_log else ""
         if folder and not os.path.isdir(folder):
@@ -198,6 +194,23 @@ class Config:
         for name in self.autotune_fixed:
             bits |= AUTOTUNE_FIXED_BITS[name]
         return bits
+
+
+# The autotuner's own settings and the values it accepts ("op", bound), in the order they are
+# checked: the one table for Config (SPARK_HVD_AUTOTUNE_*) and spark-hvd-run's --autotune-*
+# flags (the setting's name in lower case is both Config's attribute and the flag's). The
+# core takes them as validated (native/controller/autotune.h).
+AUTOTUNE_BOUNDS = {"AUTOTUNE_WARMUP_SAMPLES": (">=", 0), "AUTOTUNE_STEPS_PER_SAMPLE": (">=", 1),
+                   "AUTOTUNE_BAYES_OPT_MAX_SAMPLES": (">=", 1),
+                   "AUTOTUNE_GAUSSIAN_PROCESS_NOISE": (">", 0)}
+
+
+def autotune_bound_broken(name, value):
+    """The bound of autotune setting ``name`` that ``value`` breaks (``">= 1"``), or None
+    (NaN breaks every bound)."""
+    op, bound = AUTOTUNE_BOUNDS[name]
+    ok = value >= bound if op == ">=" else value > bound
+    return None if ok else f"{op} {bound}"
 
 
 # Settings autotuning would tune; one given explicitly stays fixed (SHVD_AUTOTUNE_FIX_* of

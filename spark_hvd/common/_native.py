@@ -150,7 +150,7 @@ ABI_NAMES = {
     "reduce_op": ("Average", "Sum", "Adasum", "Min", "Max", "Product"),
     "op": ("allreduce", "allgather", "broadcast", "alltoall", "reducescatter", "barrier", "join",
            "add_process_set", "remove_process_set"),
-    "error": ("none", "invalid", "internal", "state", "unsupported"),
+    "error": ("none", "invalid", "internal", "state", "unsupported", "connect"),
 }
 
 
@@ -194,21 +194,24 @@ DTYPE_SIZES = {_dtype[n]: size for n, size in _DTYPE_SIZES.items()}
 DTYPE_NAMES = {code: n for n, code in _dtype.items()}
 (OP_ALLREDUCE, OP_ALLGATHER, OP_BROADCAST, OP_ALLTOALL, OP_REDUCESCATTER, OP_BARRIER, OP_JOIN,
  OP_ADD_PROCESS_SET, OP_REMOVE_PROCESS_SET) = (_op[n] for n in ABI_NAMES["op"])
-ERR_INVALID, ERR_INTERNAL, ERR_STATE, ERR_UNSUPPORTED = (
-    _err[n] for n in ("invalid", "internal", "state", "unsupported"))
+ERR_INVALID, ERR_INTERNAL, ERR_STATE, ERR_UNSUPPORTED, ERR_CONNECT = (
+    _err[n] for n in ("invalid", "internal", "state", "unsupported", "connect"))
 # Reduce ops by name (hvd.Average, hvd.Sum, ... are these codes: common/_ops.py).
 REDUCE_OPS = ABI_CODES["reduce_op"]
 
 
-def raise_last_error():
-    """Raises the Python exception for the calling thread's last native error."""
+def raise_last_error(hints=None):
+    """Raises the Python exception for the calling thread's last native error; ``hints``
+    ({error kind: text}) adds the text to the message of an error of that kind."""
     message = (lib.shvd_last_error() or b"").decode("utf-8", "replace")
     kind = lib.shvd_last_error_kind()
+    if hints and kind in hints:
+        message = f"{message} {hints[kind]}"
     if kind == ERR_INVALID:
         raise CollectiveError(message)
     if kind == ERR_UNSUPPORTED:
         raise UnsupportedError(message)
-    if kind == ERR_INTERNAL:
+    if kind in (ERR_INTERNAL, ERR_CONNECT):
         raise HorovodInternalError(message)
     raise RuntimeError(message)
 

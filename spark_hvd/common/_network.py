@@ -29,18 +29,6 @@ def interface_addresses() -> dict[str, str]:
     return dict(_interface_addrs())
 
 
-def interface_ipv4(name: str) -> str:
-    """Return the IPv4 address of network interface ``name`` (e.g. ``"eth0"``, ``"lo"``).
-
-    Raises ``ValueError`` naming the interfaces that exist when it has none.
-    """
-    addr = dict(_interface_addrs()).get(name)
-    if addr is None:
-        raise ValueError(f"network interface {name!r} has no IPv4 address "
-                         f"(interfaces with one: {_known_interfaces()})")
-    return addr
-
-
 def _known_interfaces() -> str:
     return ", ".join(f"{n} {a}" for n, a in sorted(_interface_addrs())) or "none found"
 

@@ -7,7 +7,7 @@ import ipaddress
 import socket
 
 from spark_hvd.common._network import (  # noqa: F401  (re-exported)
-    interface_addresses, interface_ipv4, route_address)
+    interface_addresses, route_address)
 
 _LOCAL_NAMES = {"localhost", "localhost.localdomain", "ip6-localhost", "ip6-loopback"}
 

@@ -61,21 +61,16 @@ def config_env(args: argparse.Namespace) -> dict[str, str]:
     return env
 
 
-def bind_address(host: str, host_is_local: bool, all_local: bool,
-                 interface_ip: str | None) -> str:
-    """Address a rank's listeners bind to.
+def bind_address(host: str, all_local: bool) -> str:
+    """Address a rank's listeners bind to, unless an interface is pinned.
 
     A 127.x host name binds to exactly that address: that is how several "hosts" share one
-    machine in tests. Otherwise the --network-interface address when the launcher can know it
-    (the host is this machine); otherwise loopback when the whole job is on this machine (nothing
-    outside needs to reach it); otherwise all interfaces. A remote host with --network-interface
-    gets 0.0.0.0 plus SPARK_HVD_NETWORK_INTERFACE: each rank resolves the interface on its own
-    host, and that address wins over this one (``common/_bootstrap.py``).
+    machine in tests. Otherwise loopback when the whole job is on this machine (nothing outside
+    needs to reach it), else all interfaces. With --network-interface (or
+    SPARK_HVD_NETWORK_INTERFACE / HOROVOD_GLOO_IFACE in the launcher's environment) every rank,
+    on this machine or another, resolves the interface on its own host and binds there instead
+    (``common/_bootstrap.py``), so whether the host is this machine changes nothing here.
     """
     if is_loopback(host) and ":" not in host:
         return host
-    if interface_ip and host_is_local:
-        return interface_ip
-    if all_local and not interface_ip:
-        return "127.0.0.1"
-    return "0.0.0.0"
+    return "127.0.0.1" if all_local else "0.0.0.0"

@@ -22,6 +22,7 @@ import time
 
 from spark_hvd import __version__
 from spark_hvd.common import _bootstrap_contract as contract
+from spark_hvd.common._config import AUTOTUNE_BOUNDS, autotune_bound_broken
 from spark_hvd.common._network import interface_setting, pinned_interface_address
 from spark_hvd.common._rendezvous import RendezvousServer
 from spark_hvd.common._secret import make_secret, secret_to_env
@@ -233,10 +234,6 @@ _CONFIG_UNSUPPORTED = {
 _NUMERIC_MINIMUM = {"fusion_threshold_mb": 0, "cycle_time_ms": 0, "cache_capacity": 0,
                     "stall_check_warning_time_seconds": 0,
                     "stall_check_shutdown_time_seconds": 0, "gloo_timeout_seconds": 0}
-_POSITIVE = 1e-300  # "> 0" for a float
-_AUTOTUNE_MINIMUM = {"autotune_warmup_samples": 0, "autotune_steps_per_sample": 1,
-                     "autotune_bayes_opt_max_samples": 1,
-                     "autotune_gaussian_process_noise": _POSITIVE}
 
 
 def apply_config_file(args: argparse.Namespace, path: str) -> list[str]:
@@ -305,8 +302,14 @@ def plan_hosts(args: argparse.Namespace) -> list[_hosts.SlotInfo]:
     return _hosts.assign_ranks(hosts, np)
 
 
+def local_hosts(slots: list[_hosts.SlotInfo]) -> dict[str, bool]:
+    """{host: whether it is this machine} for the job's hosts, in plan order (each host is
+    looked up once: a name may need DNS)."""
+    return {host: _net.is_local_host(host) for host in dict.fromkeys(s.hostname for s in slots)}
+
+
 def launcher_interface_address(args: argparse.Namespace,
-                               slots: list[_hosts.SlotInfo]) -> str | None:
+                               is_local: dict[str, bool]) -> str | None:
     """This machine's address on the pinned interface (``--network-interface``, else the
     launcher's ``SPARK_HVD_NETWORK_INTERFACE`` / ``HOROVOD_GLOO_IFACE``) when this machine
     runs ranks of the job: the rendezvous listens there, on the network the ranks use.
@@ -314,8 +317,9 @@ def launcher_interface_address(args: argparse.Namespace,
     None when no interface is pinned, or when the launcher runs outside the job (a login
     node): the interface names the job hosts' network, which this machine need not be on (an
     interface of the same name here may be another network); the rendezvous then listens on
-    all interfaces. ``ValueError`` when this machine runs ranks but lacks the interface."""
-    if not any(_net.is_local_host(host) for host in dict.fromkeys(s.hostname for s in slots)):
+    all interfaces. ``is_local`` is :func:`local_hosts`. ``ValueError`` when this machine runs
+    ranks but lacks the interface."""
+    if not any(is_local.values()):
         return None
     env = dict(os.environ)
     if args.network_interface:
@@ -351,12 +355,12 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return 2
-    for attr, least in _AUTOTUNE_MINIMUM.items():
-        value = getattr(args, attr)
-        if value is not None and not value >= least:
-            flag = "--" + attr.replace("_", "-")
-            print(f"{PROG}: error: {flag} must be {'> 0' if least == _POSITIVE else f'>= {least}'}"
-                  f", got {value}", file=sys.stderr)
+    for name in AUTOTUNE_BOUNDS:
+        value = getattr(args, name.lower())
+        bound = None if value is None else autotune_bound_broken(name, value)
+        if bound:
+            flag = "--" + name.lower().replace("_", "-")
+            print(f"{PROG}: error: {flag} must be {bound}, got {value}", file=sys.stderr)
             return 2
     threshold = log_threshold(args)
     for note in notes:
@@ -367,13 +371,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         slots = plan_hosts(args)
         start_timeout = _start_timeout(args)
-        interface_ip = launcher_interface_address(args, slots)
+        is_local = local_hosts(slots)
+        interface_ip = launcher_interface_address(args, is_local)
         if args.output_filename:
             os.makedirs(args.output_filename, exist_ok=True)
     except (ValueError, OSError) as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return 2
-    return _Job(args, command, slots, start_timeout, interface_ip, threshold).run()
+    return _Job(args, command, slots, is_local, start_timeout, interface_ip, threshold).run()
 
 
 def mpirun_command(args: argparse.Namespace, command: list[str],
@@ -425,7 +430,8 @@ def _run_under_mpirun(args: argparse.Namespace, command: list[str]) -> int:
 class _Job:
     """One launch: rendezvous server, ranks, output forwarding, supervision."""
 
-    def __init__(self, args, command, slots, start_timeout, interface_ip, log_threshold):
+    def __init__(self, args, command, slots, is_local, start_timeout, interface_ip,
+                 log_threshold):
         self.args = args
         self.log_threshold = log_threshold
         self.command = command
@@ -436,12 +442,8 @@ class _Job:
         self.err = LineSink(sys.stderr)
         grace = float(os.environ.get("SPARK_HVD_KILL_GRACE_SECONDS", DEFAULT_GRACE_SECONDS))
         self.supervisor = Supervisor(self.log, grace_seconds=grace)
-        local = {}
-        for s in slots:
-            if s.hostname not in local:
-                local[s.hostname] = _net.is_local_host(s.hostname)
-        self.is_local = local
-        self.all_local = all(local.values())
+        self.is_local = is_local  # local_hosts(slots)
+        self.all_local = all(is_local.values())
 
     def log(self, message: str, level: str = "WARNING") -> None:
         """Writes ``message`` to stderr when ``level`` passes the launcher's log level (the
@@ -496,7 +498,7 @@ class _Job:
     def _start_rank(self, slot, rendezvous_addr, secret_hex, job_id, config) -> bool:
         host = slot.hostname
         local = self.is_local[host]
-        bind_addr = _env.bind_address(host, local, self.all_local, self.interface_ip)
+        bind_addr = _env.bind_address(host, self.all_local)
         env = rank_env(dict(os.environ), slot, rendezvous_addr=rendezvous_addr,
                        secret_hex=secret_hex, job_id=job_id, bind_addr=bind_addr,
                        start_timeout=self.start_timeout, config=config)

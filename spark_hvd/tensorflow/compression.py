@@ -18,22 +18,11 @@ class FP16Compressor(_common.FP16Compressor):
     """Sends floating-point tensors as float16 and casts results back to their dtype."""
 
     _wire_dtype = tf.float16
-
-    @staticmethod
-    def _is_floating(tensor):
-        return tensor.dtype.is_floating
-
-    @staticmethod
-    def _dtype(tensor):
-        return tensor.dtype
-
-    @staticmethod
-    def _cast(tensor, dtype):
-        return tf.cast(tensor, dtype)
+    _is_floating = staticmethod(lambda dtype: dtype.is_floating)
+    _cast = staticmethod(tf.cast)
 
 
-class Compression:
+class Compression(_common.Compression):
     """The built-in compressors: ``Compression.none`` and ``Compression.fp16``."""
 
-    none = NoneCompressor
     fp16 = FP16Compressor

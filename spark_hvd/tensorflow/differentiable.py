@@ -10,6 +10,7 @@ are accepted for Horovod compatibility (tensors are staged through host memory).
 import tensorflow as tf
 
 from ..common import basics
+from ..common.compression import compressed
 from ..common.gradients import (GRAD_OP_ALLGATHER, GRAD_OP_BROADCAST, reducescatter_grad_scale)
 from ..common.process_sets import global_process_set
 from .collectives import (Average, Sum, allgather_list, allreduce_list, alltoall_pair,
@@ -105,10 +106,8 @@ def allreduce(tensor, average=None, device_dense='', device_sparse='',
                                       "densify the slices first")
         return _sparse_allreduce(tensor, name, op, prescale_factor, postscale_factor,
                                  process_set)
-    compressed, ctx = compression.compress(tf.convert_to_tensor(tensor))
-    out = _allreduce_diff([compressed], name, op, prescale_factor, postscale_factor,
-                          process_set, grouped=False)[0]
-    return compression.decompress(out, ctx)
+    return compressed(compression, [tf.convert_to_tensor(tensor)], _allreduce_diff, name, op,
+                      prescale_factor, postscale_factor, process_set, False)[0]
 
 
 @_plain
@@ -124,12 +123,8 @@ def grouped_allreduce(tensors, average=None, device_dense='', device_sparse='',
         return [allreduce(t, op=op, compression=compression, prescale_factor=prescale_factor,
                           postscale_factor=postscale_factor, process_set=process_set)
                 for t in tensors]
-    pairs = [compression.compress(tf.convert_to_tensor(t)) for t in tensors]
-    if not pairs:
-        return []
-    outs = _allreduce_diff([c for c, _ in pairs], name, op, prescale_factor, postscale_factor,
-                           process_set, grouped=True)
-    return [compression.decompress(o, ctx) for o, (_, ctx) in zip(outs, pairs)]
+    return compressed(compression, [tf.convert_to_tensor(t) for t in tensors], _allreduce_diff,
+                      name, op, prescale_factor, postscale_factor, process_set, True)
 
 
 # -- allgather ------------------------------------------------------------------------------
@@ -247,10 +242,8 @@ def reducescatter(tensor, device_dense='', compression=Compression.none, op=Aver
     the first dimension: with ``d`` rows and ``n`` ranks the first ``d % n`` ranks get
     ``d // n + 1`` rows, the others ``d // n``. Differentiable (the gradient is allgathered)."""
     op = scatter_op(op)
-    compressed, ctx = compression.compress(tf.convert_to_tensor(tensor))
-    out = _reducescatter_diff([compressed], name, op, process_set, prescale_factor,
-                              postscale_factor, grouped=False)[0]
-    return compression.decompress(out, ctx)
+    return compressed(compression, [tf.convert_to_tensor(tensor)], _reducescatter_diff, name,
+                      op, process_set, prescale_factor, postscale_factor, False)[0]
 
 
 @_plain
@@ -260,9 +253,6 @@ def grouped_reducescatter(tensors, device_dense='', compression=Compression.none
     """Reducescatter of each tensor of a list, negotiated together; returns a list.
     Differentiable."""
     op = scatter_op(op)
-    pairs = [compression.compress(tf.convert_to_tensor(t)) for t in tensors]
-    if not pairs:
-        return []
-    outs = _reducescatter_diff([c for c, _ in pairs], name, op, process_set, prescale_factor,
-                               postscale_factor, grouped=True)
-    return [compression.decompress(o, ctx) for o, (_, ctx) in zip(outs, pairs)]
+    return compressed(compression, [tf.convert_to_tensor(t) for t in tensors],
+                      _reducescatter_diff, name, op, process_set, prescale_factor,
+                      postscale_factor, True)

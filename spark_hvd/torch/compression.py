@@ -18,22 +18,11 @@ class FP16Compressor(_common.FP16Compressor):
     """Sends floating-point tensors as float16 and casts results back to their dtype."""
 
     _wire_dtype = torch.float16
-
-    @staticmethod
-    def _is_floating(tensor):
-        return tensor.dtype.is_floating_point
-
-    @staticmethod
-    def _dtype(tensor):
-        return tensor.dtype
-
-    @staticmethod
-    def _cast(tensor, dtype):
-        return tensor.to(dtype)
+    _is_floating = staticmethod(lambda dtype: dtype.is_floating_point)
+    _cast = staticmethod(torch.Tensor.to)
 
 
-class Compression:
+class Compression(_common.Compression):
     """The built-in compressors: ``Compression.none`` and ``Compression.fp16``."""
 
-    none = NoneCompressor
     fp16 = FP16Compressor

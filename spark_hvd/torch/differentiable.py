@@ -10,6 +10,7 @@ as it ran forward.
 import torch
 
 from ..common.basics import rank
+from ..common.compression import compressed
 from ..common.gradients import (GRAD_OP_ALLGATHER, GRAD_OP_BROADCAST, reducescatter_grad_scale,
                                 slice_offset)
 from ..common.process_sets import global_process_set
@@ -68,14 +69,8 @@ def allreduce(tensor, average=None, name=None, compression=Compression.none, op=
         process_set: the ranks taking part (default: all).
     """
     op = _reduce_op(op, average)
-    compressed, cctx = compression.compress(tensor)
-    if _needs_grad([compressed]):
-        out = HorovodAllreduce.apply(compressed, name, op, prescale_factor, postscale_factor,
-                                     process_set)
-    else:
-        out = synchronize(allreduce_async(compressed, None, name, op, prescale_factor,
-                                          postscale_factor, process_set))
-    return compression.decompress(out, cctx)
+    return compressed(compression, [tensor], _allreduce_list, name, op, prescale_factor,
+                      postscale_factor, process_set, False)[0]
 
 
 class HorovodGroupedAllreduce(torch.autograd.Function):
@@ -101,17 +96,21 @@ def grouped_allreduce(tensors, average=None, name=None, compression=Compression.
     """Allreduce of a list of tensors, negotiated together and fused; returns a list of new
     tensors. Arguments as :func:`allreduce`. Differentiable."""
     op = _reduce_op(op, average)
-    pairs = [compression.compress(t) for t in tensors]
-    compressed = [c for c, _ in pairs]
-    if not compressed:
-        return []
-    if _needs_grad(compressed):
-        outs = HorovodGroupedAllreduce.apply(name, op, prescale_factor, postscale_factor,
-                                             process_set, *compressed)
-    else:
-        outs = synchronize(grouped_allreduce_async(compressed, None, name, op, prescale_factor,
-                                                   postscale_factor, process_set))
-    return [compression.decompress(o, c) for o, (_, c) in zip(outs, pairs)]
+    return compressed(compression, tensors, _allreduce_list, name, op, prescale_factor,
+                      postscale_factor, process_set, True)
+
+
+def _allreduce_list(tensors, name, op, pre, post, process_set, grouped):
+    """Allreduce of the one tensor in ``tensors`` (or of them all, ``grouped``); a list of the
+    results, through autograd when a gradient is needed."""
+    if grouped:
+        if _needs_grad(tensors):
+            return HorovodGroupedAllreduce.apply(name, op, pre, post, process_set, *tensors)
+        return synchronize(grouped_allreduce_async(tensors, None, name, op, pre, post,
+                                                   process_set))
+    if _needs_grad(tensors):
+        return [HorovodAllreduce.apply(tensors[0], name, op, pre, post, process_set)]
+    return [synchronize(allreduce_async(tensors[0], None, name, op, pre, post, process_set))]
 
 
 # -- allgather ------------------------------------------------------------------------------
@@ -272,14 +271,8 @@ def reducescatter(tensor, name=None, compression=Compression.none, op=Average,
     the first dimension: with ``d`` rows and ``n`` ranks, the first ``d % n`` ranks get
     ``d // n + 1`` rows, the others ``d // n``. Differentiable."""
     op = _scatter_op(op)
-    compressed, cctx = compression.compress(tensor)
-    if _needs_grad([compressed]):
-        out = HorovodReducescatter.apply(compressed, name, op, process_set, prescale_factor,
-                                         postscale_factor)
-    else:
-        out = synchronize(reducescatter_async(compressed, name, op, process_set,
-                                              prescale_factor, postscale_factor))
-    return compression.decompress(out, cctx)
+    return compressed(compression, [tensor], _reducescatter_list, name, op, process_set,
+                      prescale_factor, postscale_factor, False)[0]
 
 
 class HorovodGroupedReducescatter(torch.autograd.Function):
@@ -308,14 +301,18 @@ def grouped_reducescatter(tensors, name=None, compression=Compression.none, op=A
     """Reducescatter of each tensor of a list, negotiated together; returns a list.
     Differentiable."""
     op = _scatter_op(op)
-    pairs = [compression.compress(t) for t in tensors]
-    compressed = [c for c, _ in pairs]
-    if not compressed:
-        return []
-    if _needs_grad(compressed):
-        outs = HorovodGroupedReducescatter.apply(name, op, process_set, prescale_factor,
-                                                 postscale_factor, *compressed)
-    else:
-        outs = synchronize(grouped_reducescatter_async(compressed, name, op, process_set,
-                                                       prescale_factor, postscale_factor))
-    return [compression.decompress(o, c) for o, (_, c) in zip(outs, pairs)]
+    return compressed(compression, tensors, _reducescatter_list, name, op, process_set,
+                      prescale_factor, postscale_factor, True)
+
+
+def _reducescatter_list(tensors, name, op, process_set, pre, post, grouped):
+    """Reducescatter of the one tensor in ``tensors`` (or of them all, ``grouped``); a list
+    of the results, through autograd when a gradient is needed."""
+    if grouped:
+        if _needs_grad(tensors):
+            return HorovodGroupedReducescatter.apply(name, op, process_set, pre, post, *tensors)
+        return synchronize(grouped_reducescatter_async(tensors, name, op, process_set, pre,
+                                                       post))
+    if _needs_grad(tensors):
+        return [HorovodReducescatter.apply(tensors[0], name, op, process_set, pre, post)]
+    return [synchronize(reducescatter_async(tensors[0], name, op, process_set, pre, post))]
