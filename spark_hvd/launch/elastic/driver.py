@@ -163,6 +163,7 @@ class ElasticDriver:
         self._reset_started_at = None
         self._reset_cause = ""
         self._reset_losses: list[str] = []  # losses found while re-forming (the real cause)
+        self._update_why = ""               # the last change of hosts members were told of
         self._short_since = None
         self._ever_joined = False
         self._losses: list[str] = []        # what was lost, for the final error
@@ -284,8 +285,11 @@ class ElasticDriver:
         w.join = (seq, payload)
         if self.state == RUNNING and w.member_round == self.round:
             reason = payload.get("reason", "?")
-            cause = f"{w.describe()} left round {self.round} ({reason}"
-            cause += f": {payload['error']})" if payload.get("error") else ")"
+            if reason == proto.REASON_INTERRUPT and self._update_why:
+                cause = self._update_why
+            else:
+                cause = f"{w.describe()} left round {self.round} ({reason}"
+                cause += f": {payload['error']})" if payload.get("error") else ")"
             # A failure ends the round for everybody (the core already aborted); an interrupt
             # reaches every member at the same commit, so they come by themselves.
             self._begin_reset(cause, abort=reason != proto.REASON_INTERRUPT)
@@ -399,6 +403,23 @@ class ElasticDriver:
             self._maybe_form()
         elif self.state == RUNNING:
             self._refill()
+        self._check_state_left()
+
+    def _check_state_left(self):
+        """Fails at once when nothing can carry the job on: every process of the last round
+        is gone (the training state with them), or, before any process joined, every host
+        failed."""
+        if self.state == RESETTING and self.round > 0 and not any(
+                w.live and not w.removed and w.member_round == self.round
+                for w in self.workers.values()):
+            self._fail(f"{_policy.FAILED_MESSAGE}: no process of round {self.round} is left "
+                       "(lost, or on hosts removed), and with them the training state ("
+                       + ("; ".join(self._losses[-4:]) or "hosts removed by discovery")
+                       + "); restart the job from a checkpoint")
+        elif (self.state == STARTING and not self._ever_joined and not self._expected()
+              and self._losses):
+            self._fail(f"{_policy.FAILED_MESSAGE}: every process failed before the job "
+                       "started: " + "; ".join(self._losses[-4:]))
 
     def _blacklist(self, host, why):
         self.hosts.blacklist(host)
@@ -453,8 +474,8 @@ class ElasticDriver:
         if removed:
             what.append(f"removing {len(removed)} worker(s) of " + ", ".join(
                 dict.fromkeys(w.host for w in removed)))
-        self._log(f"hosts changed ({update.name}): {'; '.join(what)}; members notified "
-                  f"(notice {self.notice_id})", "INFO")
+        self._update_why = f"hosts changed ({update.name}): {'; '.join(what)}"
+        self._log(f"{self._update_why}; members notified (notice {self.notice_id})", "INFO")
 
     def _refill(self):
         """Brings the live workers in line with the hosts: workers beyond a host's slots (or
@@ -547,11 +568,8 @@ class ElasticDriver:
             return
         if len(expected) < self.min_np:
             return
-        if self.round > 0 and not any(w.member_round == self.round for w in expected):
-            self._fail(f"{_policy.FAILED_MESSAGE}: no process of round {self.round} is left "
-                       "(lost, or on hosts removed), and with them the training state ("
-                       + ("; ".join(self._losses[-4:]) or "hosts removed by discovery")
-                       + "); restart the job from a checkpoint")
+        self._check_state_left()
+        if self.state in (FINISHED, ERRORED):
             return
         candidates = []
         for w in expected:
@@ -586,6 +604,7 @@ class ElasticDriver:
         else:
             self._log(f"round {plan.round}: {plan.size} rank(s): {layout}", "INFO")
         self._reset_started_at = None
+        self._update_why = ""
         self._transition(RUNNING)
 
     def _check_finished(self):
