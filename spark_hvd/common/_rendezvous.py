@@ -99,9 +99,12 @@ def set_peer_timeout(sock: socket.socket, seconds: float | None) -> None:
 
 
 def _describe_socket_error(e: BaseException) -> str:
-    if isinstance(e, _ConnectionClosed):
+    """"closed" (the peer process ended: FIN, or RST when it left data unread), "timeout"
+    (its host stayed silent for the peer timeout), or "error: ..."."""
+    if isinstance(e, (_ConnectionClosed, ConnectionResetError, BrokenPipeError,
+                      ConnectionAbortedError)):
         return "closed"
-    if isinstance(e, OSError) and e.errno == errno.ETIMEDOUT:
+    if isinstance(e, OSError) and e.errno in (errno.ETIMEDOUT, errno.EHOSTUNREACH):
         return "timeout"
     return f"error: {e}"
 

@@ -103,6 +103,12 @@ def _elastic_reset():
 atexit.register(shutdown)
 
 
+def generation():
+    """How many times this process called ``init()`` successfully: what a framework object
+    compares to tell work of an earlier core (before an elastic reset) from the current."""
+    return _state["generation"]
+
+
 def is_initialized():
     """True between :func:`init` and :func:`shutdown`."""
     return bool(lib.shvd_is_initialized())

@@ -12,6 +12,8 @@ Options:
   --kill WID:STEP     the worker with that id kills itself (SIGKILL) at that step (repeatable)
   --raise WID:STEP    the worker with that id raises ValueError at that step (a user error)
   --fail-on-host H    a worker started on host H exits with code 3 before init()
+  --timed             also print KILL t= before a kill and RESTORE t= when a survivor's
+                      collective failed (benchmarks/elastic.py)
   --grow-to N         keep training until the job has N ranks (at most --grow-wait s), then
                       on to --steps
   --grow-wait S       (default 60)
@@ -35,6 +37,7 @@ p.add_argument("--sleep", type=float, default=0.05)
 p.add_argument("--kill", action="append", default=[])
 p.add_argument("--raise", dest="raise_", default="")
 p.add_argument("--fail-on-host", default="")
+p.add_argument("--timed", action="store_true")
 p.add_argument("--grow-to", type=int, default=0)
 p.add_argument("--grow-wait", type=float, default=60.0)
 args = p.parse_args()
@@ -75,6 +78,8 @@ def train(state):
         if state.step >= target:
             return state.w
         if kill_at is not None and state.step == kill_at:
+            if args.timed:
+                print(f"KILL t={time.time():.4f}", flush=True)
             sys.stdout.flush()
             os.kill(os.getpid(), signal.SIGKILL)
         if raise_at is not None and state.step == raise_at:
@@ -93,8 +98,15 @@ def train(state):
 
 if args.fail_on_host and os.environ.get("SPARK_HVD_HOSTNAME") == args.fail_on_host:
     sys.exit(3)
+class TimedState(ObjectState):
+    def restore(self):
+        if args.timed:
+            print(f"RESTORE t={time.time():.4f}", flush=True)
+        super().restore()
+
+
 hvd.init()
-state = ObjectState(bcast_object=hvd.broadcast_object, get_rank=hvd.rank, w=np.zeros(8), step=0)
+state = TimedState(bcast_object=hvd.broadcast_object, get_rank=hvd.rank, w=np.zeros(8), step=0)
 w = run_fn(train)(state)
 digest = hashlib.sha256(np.ascontiguousarray(w).tobytes()).hexdigest()[:16]
 print(f"OK rank={hvd.rank()} size={hvd.size()} step={state.step} hash={digest} rounds={rounds} "

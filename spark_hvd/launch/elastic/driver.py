@@ -260,8 +260,10 @@ class ElasticDriver:
             w.disconnected_at = self.clock()  # the process is probably exiting: wait for it
             return
         self._stop(w)
-        self._lose(w, Failure(_policy.HOST_LOST, w.host, f"{w.describe()}: its host stopped "
-                              f"answering ({how}: the peer timeout passed in silence)"))
+        why = ("its host stopped answering (silent for the peer timeout, "
+               "SPARK_HVD_PEER_TIMEOUT_SECONDS)" if how == "timeout"
+               else f"its connection to the driver failed ({how})")
+        self._lose(w, Failure(_policy.HOST_LOST, w.host, f"{w.describe()}: {why}"))
 
     def _on_joined(self, wid, seq, payload):
         w = self.workers.get(wid)
