@@ -15,7 +15,7 @@ Options:
   --timed             also print KILL t= before a kill and RESTORE t= when a survivor's
                       collective failed (benchmarks/elastic.py)
   --grow-to N         keep training until the job has N ranks (at most --grow-wait s), then
-                      on to --steps
+                      --steps more steps
   --grow-wait S       (default 60)
 """
 
@@ -68,14 +68,13 @@ def loss_of(w):
 def train(state):
     global rounds
     rounds += 1
-    grow_started = None
-    target = args.steps
+    started = time.time()
+    target = None if args.grow_to else args.steps
     while True:
-        if args.grow_to and hvd.size() < args.grow_to:
-            grow_started = grow_started or time.time()
-            if time.time() - grow_started < args.grow_wait:
-                target = state.step + 1
-        if state.step >= target:
+        if target is None and (hvd.size() >= args.grow_to
+                               or time.time() - started >= args.grow_wait):
+            target = state.step + args.steps
+        if target is not None and state.step >= target:
             return state.w
         if kill_at is not None and state.step == kill_at:
             if args.timed:
