@@ -246,3 +246,57 @@ def test_rendezvous_from_env_is_the_one_init_uses(server):
     r.client.close()
     with client(server) as c:
         assert c.get("j7/init.3", "allgather.0/0", timeout=0) == b"line of rank 0"
+
+
+# -- elastic hooks: puts, hello, and a watched connection's end ----------------------------
+
+def test_elastic_hooks_see_puts_hellos_and_closes():
+    """on_put runs before the put is answered; a hello binds the connection to a worker id and
+    its close is reported even while the server waits for a key on its behalf, within ~0.1 s."""
+    events = []
+    secret = make_secret()
+    srv = RendezvousServer(secret, on_put=lambda s, k, v: events.append(("put", s, k, v)),
+                           on_hello=lambda wid: events.append(("hello", wid)),
+                           on_disconnect=lambda wid, how: events.append(
+                               ("gone", wid, how, time.monotonic())),
+                           peer_timeout=5)
+    port = srv.start()
+    try:
+        addr = f"127.0.0.1:{port}"
+        c = KVClient(addr, secret, timeout=5)
+        c.put("job/elastic", "join/h/0/1/1", b"{}")
+        assert events == [("put", "job/elastic", "join/h/0/1/1", b"{}")]
+        srv.put("job/elastic", "x", b"1")  # the driver's own puts do not call the hook
+        assert srv.get_nowait("job/elastic", "x") == b"1"
+        assert srv.get_nowait("job/elastic", "missing") is None
+        listener = KVClient(addr, secret, timeout=5, peer_timeout=5)
+        listener.hello("h/0/1")
+        assert events[-1] == ("hello", "h/0/1")
+        waiting = threading.Thread(target=lambda: pytest.raises(
+            RuntimeError, listener.get, "job/elastic", "notice/h/0/1/0", timeout=30))
+        waiting.start()
+        time.sleep(0.3)
+        closed = time.monotonic()
+        listener._sock.shutdown(socket.SHUT_RDWR)  # the process's end, seen by the server
+        deadline = time.monotonic() + 5
+        while not any(e[0] == "gone" for e in events) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        gone = [e for e in events if e[0] == "gone"]
+        assert gone and gone[0][1:3] == ("h/0/1", "closed"), events
+        assert gone[0][3] - closed < 1.0
+        waiting.join(5)
+        c.close()
+    finally:
+        srv.stop()
+
+
+def test_peer_timeout_socket_options():
+    """The liveness settings the core uses, on rendezvous sockets (Linux)."""
+    with socket.socket() as s:
+        rdv.set_peer_timeout(s, 10)
+        assert s.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) == 1
+        assert s.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE) == 5
+        assert s.getsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT) == 10000
+    with socket.socket() as s:
+        rdv.set_peer_timeout(s, 0)  # 0: the kernel's defaults
+        assert s.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) == 0

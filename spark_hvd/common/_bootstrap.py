@@ -156,29 +156,43 @@ def start(config, comm=None, process_sets=(), rendezvous=None, placement=None, s
     mpi_options = _mpi.options_for_init(
         config, rendezvous.comm if isinstance(rendezvous, MpiRendezvous) else None)
     host_id = os.environ.get(contract.HOSTNAME) or socket.gethostname()
-    bind_addr = os.environ.get(contract.BIND_ADDR, "")
     peers = ""
     if placement.size > 1:
-        bind_addr, interface = _pinned_bind_address(placement.rank, bind_addr)
-        port = check(lib.shvd_listen(bind_addr.encode() or b"0.0.0.0",
-                                     -1 if config.tcp_buffer_bytes is None
-                                     else config.tcp_buffer_bytes))
         # The host the other ranks' launcher channel lives on: our rendezvous, or the store /
         # server of another launcher (torchrun, horovodrun, PMI_PORT).
         rendezvous_host = (getattr(rendezvous, "route_host", None)
                            or os.environ.get(contract.RENDEZVOUS_ADDR, "").rpartition(":")[0])
-        advertised = _advertised_host(bind_addr, rendezvous_host.strip('[]'))
-        _log.debug("rank %d listens on %s:%d%s, advertised as %s", placement.rank,
-                   bind_addr or "0.0.0.0", port, f" (interface {interface})" if interface else "",
-                   advertised)
-        # The machine's own name last: the core's errors name a lost host by it too.
-        mine = f"{advertised} {port} {host_id} {socket.gethostname()}".encode()
+        mine = listen(config, placement.rank, rendezvous_host).encode()
         lines = [v.decode() for v in rendezvous.allgather(mine)]
         peers = "\n".join(lines) + "\n"
         placement.fill_from_hosts([line.split()[2] for line in lines])
     else:
         placement.fill_from_hosts([host_id])
+    connect(config, placement, peers, secret, job_id, process_sets, mpi_options)
+    return placement
 
+
+def listen(config, rank, rendezvous_host=""):
+    """Binds the core's listener (``SPARK_HVD_BIND_ADDR``, or the pinned interface) and returns
+    this process's line for the others: "advertised-host port host_id hostname"."""
+    host_id = os.environ.get(contract.HOSTNAME) or socket.gethostname()
+    bind_addr, interface = _pinned_bind_address(rank, os.environ.get(contract.BIND_ADDR, ""))
+    port = check(lib.shvd_listen(bind_addr.encode() or b"0.0.0.0",
+                                 -1 if config.tcp_buffer_bytes is None
+                                 else config.tcp_buffer_bytes))
+    advertised = _advertised_host(bind_addr, (rendezvous_host or "").strip('[]'))
+    _log.debug("rank %s listens on %s:%d%s, advertised as %s", rank, bind_addr or "0.0.0.0",
+               port, f" (interface {interface})" if interface else "", advertised)
+    # The machine's own name last: the core's errors name a lost host by it too.
+    return f"{advertised} {port} {host_id} {socket.gethostname()}"
+
+
+def connect(config, placement, peers, secret, job_id, process_sets=(), mpi_options=None):
+    """Starts the native engine of ``placement`` (local and cross ranks filled in) on the mesh
+    of ``peers`` (every rank's :func:`listen` line, in rank order, newline-separated; empty for
+    a job of one rank). ``listen`` must have been called when there are peers."""
+    if mpi_options is None:
+        mpi_options = _mpi.options_for_init(config, None)
     flat, sizes = [], []
     for ranks in process_sets:
         flat.extend(ranks)
@@ -226,7 +240,6 @@ def start(config, comm=None, process_sets=(), rendezvous=None, placement=None, s
         # Ranks that did not all connect: say where each was told to connect.
         raise_last_error({ERR_CONNECT: _address_hint(peers)})
     _mpi.started(mpi_options)
-    return placement
 
 
 def _pinned_bind_address(rank, bind_addr):

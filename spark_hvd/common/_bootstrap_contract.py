@@ -13,6 +13,11 @@ rendezvous store (``common/_rendezvous.py``) under the keys laid out here:
 task relays between executors (``spark/_task.py``). This module is the only place that spells
 these names; the launchers that write them and the bootstrap that reads them import it.
 
+Elastic jobs (``SPARK_HVD_ELASTIC=1``) do not gather: the elastic driver assigns every round's
+ranks. Each worker talks to it in the scope ``<job id>/elastic`` (see :func:`elastic_scope` and
+``common/_elastic_protocol.py``), and the core of round R runs under the job id
+``<job id>.r<R>`` (:func:`round_job_id`), so no shared-memory name of a dead round is reused.
+
 Users may set Horovod's name for a variable (``HOROVOD_<name>`` for ``SPARK_HVD_<name>``); ours
 wins when both are set. The launcher always sets ours.
 """
@@ -53,6 +58,21 @@ START_TIMEOUT = "SPARK_HVD_START_TIMEOUT"
 # HOROVOD_GLOO_IFACE, mean the same). Not a bootstrap variable: unset, ranks choose.
 NETWORK_INTERFACE = "SPARK_HVD_NETWORK_INTERFACE"
 
+# -- elastic jobs ---------------------------------------------------------------------------
+
+# "1" in every worker of an elastic job: init() joins the driver's rounds (common/_elastic_agent).
+ELASTIC = "SPARK_HVD_ELASTIC"
+# The worker's id, unique per spawn: "<host>/<slot>/<spawn seq>".
+ELASTIC_WORKER_ID = "SPARK_HVD_ELASTIC_WORKER_ID"
+# Seconds the job may spend re-forming (Horovod's HOROVOD_ELASTIC_TIMEOUT, --elastic-timeout).
+ELASTIC_TIMEOUT = "SPARK_HVD_ELASTIC_TIMEOUT"
+DEFAULT_ELASTIC_TIMEOUT = 600.0
+# The placement variables that Horovod's elastic workers get (its gloo_context SetEnv names);
+# an elastic worker's init() keeps them, and ours, at the current round's values.
+HOROVOD_MIRRORS = {RANK: "HOROVOD_RANK", SIZE: "HOROVOD_SIZE", LOCAL_RANK: "HOROVOD_LOCAL_RANK",
+                   LOCAL_SIZE: "HOROVOD_LOCAL_SIZE", CROSS_RANK: "HOROVOD_CROSS_RANK",
+                   CROSS_SIZE: "HOROVOD_CROSS_SIZE", HOSTNAME: "HOROVOD_HOSTNAME"}
+
 # Set for every rank by the launcher; a value inherited from the launcher's own environment is
 # replaced, and spark_hvd.spark.run never forwards the driver's.
 BOOTSTRAP_VARS = (RANK, SIZE, LOCAL_RANK, LOCAL_SIZE, CROSS_RANK, CROSS_SIZE, RENDEZVOUS_ADDR,
@@ -75,6 +95,28 @@ def init_scope(job_id: str, generation: int) -> str:
 def allgather_key(round_: int, rank: int) -> str:
     """The key of ``rank``'s value in allgather round ``round_`` of a scope."""
     return f"allgather.{round_}/{rank}"
+
+
+def elastic_scope(job_id: str) -> str:
+    """The scope in which an elastic job's workers and its driver talk."""
+    return f"{job_id}/elastic"
+
+
+def round_job_id(job_id: str, round_: int) -> str:
+    """The core's job id in round ``round_`` of elastic job ``job_id``."""
+    return f"{job_id}.r{round_}"
+
+
+def elastic_timeout(env=None) -> float:
+    """``SPARK_HVD_ELASTIC_TIMEOUT`` (or ``HOROVOD_ELASTIC_TIMEOUT``), else 600 s."""
+    value = setting(ELASTIC_TIMEOUT[len(PREFIX):], env)
+    if value is None:
+        return DEFAULT_ELASTIC_TIMEOUT
+    try:
+        return float(value)
+    except ValueError:
+        raise ValueError(f"{set_name(ELASTIC_TIMEOUT[len(PREFIX):], env)}={value!r} is not a "
+                         "number of seconds") from None
 
 
 # -- reading it -----------------------------------------------------------------------------

@@ -18,6 +18,8 @@ DEFAULT_PEER_TIMEOUT_SECONDS = 25.0
 # Long enough that a thread about to submit the op another rank waits for is not mistaken for a
 # deadlock; short next to the stall inspector's 60 s (native/controller/deadlock.h).
 DEFAULT_DEADLOCK_CHECK_SECONDS = 2.0
+# The stall inspector's shutdown time in elastic jobs (README "Elastic training").
+DEFAULT_ELASTIC_STALL_SHUTDOWN_SECONDS = 60.0
 
 
 def env(name, default=None):
@@ -102,7 +104,11 @@ class Config:
             self.stall_warning_seconds = 0.0
         else:
             self.stall_warning_seconds = env_float("STALL_CHECK_TIME_SECONDS", 60.0)
-        self.stall_shutdown_seconds = env_float("STALL_SHUTDOWN_TIME_SECONDS", 0.0)
+        # Elastic jobs end a stall (a frozen rank) by default, so the driver can re-form without
+        # it: off elsewhere, as in Horovod.
+        self.stall_shutdown_seconds = env_float(
+            "STALL_SHUTDOWN_TIME_SECONDS",
+            DEFAULT_ELASTIC_STALL_SHUTDOWN_SECONDS if env_flag("ELASTIC") else 0.0)
         # Every rank blocked this long in collectives none can complete ends the job (0: off).
         self.deadlock_check_seconds = env_float("DEADLOCK_CHECK_SECONDS",
                                                 DEFAULT_DEADLOCK_CHECK_SECONDS)
@@ -303,8 +309,6 @@ _OUR_TRANSPORT = ("spark_hvd always negotiates through its own controller (Horov
                   "of CPU collectives through MPI")
 _TORUS = ("torus allreduce is not implemented; HOROVOD_HIERARCHICAL_ALLREDUCE gives the "
           "same two-level allreduce (within each host, then across hosts)")
-_ELASTIC = ("elastic training is not implemented yet; run a fixed-size job and restart it from "
-            "a checkpoint when a rank fails")
 
 # Every HOROVOD_* variable of Horovod 0.28.1's documentation (docs/*.rst) and
 # horovod/common/common.h, except HOROVOD_MPI / HOROVOD_GLOO / HOROVOD_CCL, which are values of
@@ -365,8 +369,11 @@ HOROVOD_VARIABLES = {
         "(hvd.local_rank() itself when each task has one GPU)"),
     # Not implemented: a warning once per process when set.
     "TORUS_ALLREDUCE": HorovodVariable(WARNED, _TORUS, flag=True),
-    "ELASTIC": HorovodVariable(WARNED, _ELASTIC, flag=True),
-    "ELASTIC_TIMEOUT": HorovodVariable(WARNED, _ELASTIC),
+    "ELASTIC": HorovodVariable(HONOURED, "set by the elastic launcher in every worker: init() "
+                               "joins the driver's rounds; DistributedOptimizer keeps its hooks "
+                               "at size 1"),
+    "ELASTIC_TIMEOUT": HorovodVariable(HONOURED, "seconds an elastic job may spend re-forming "
+                                       "(--elastic-timeout; default 600)"),
     "THREAD_AFFINITY": HorovodVariable(WARNED, "pinning the background thread to cores is not "
                                        "implemented; use taskset or numactl"),
     "DISABLE_GROUP_FUSION": HorovodVariable(WARNED, "grouped ops may still be fused with other "

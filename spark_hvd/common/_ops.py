@@ -26,6 +26,11 @@ _REDUCE_OP_NAMES = {code: name for name, code in REDUCE_OPS.items()}
 _name_counters = defaultdict(itertools.count)
 
 
+def reset_auto_names():
+    """Every ``init()`` numbers unnamed ops from 0 again: the ranks of a new connection
+    (an elastic round joined by new processes too) all start from the same count."""
+    _name_counters.clear()
+
 
 def auto_name(kind, name, process_set_id=0):
     """Horovod's rule: unnamed ops are numbered per kind, so every rank must issue its unnamed

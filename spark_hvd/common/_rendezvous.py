@@ -20,15 +20,24 @@ job secret; the secret itself never crosses the wire):
 4. client checks that answer, so it cannot be fooled by a server that does not know the secret.
 
 The different suffixes stop a reflection attack (using one side to answer the other's challenge).
+
+Elastic jobs (``launch/elastic``) use the same server with hooks: ``on_put(scope, key, value)``
+for every put, and a connection that says hello (op ``H``, a worker id) is watched: its close,
+or its time-out when the peer host goes silent (keepalive probes and ``TCP_USER_TIMEOUT`` at the
+core's peer timeout), is reported through ``on_disconnect(wid, how)``, even while the server
+waits for a key on its behalf. Hooks run in the connection's thread, before the reply is sent,
+so a worker's report is seen before anything the worker does next (such as exiting).
 """
 
 from __future__ import annotations
 
 import abc
+import errno
 import hashlib
 import hmac
 import os
 import secrets
+import select
 import socket
 import struct
 import threading
@@ -51,6 +60,9 @@ _REPLY_MARGIN = 5.0
 _OP_PUT = b"P"
 _OP_GET = b"G"
 _OP_DELETE_SCOPE = b"D"
+_OP_HELLO = b"H"
+# How often a server-side wait looks at a hello connection for its close or time-out.
+_WATCH_SECONDS = 0.1
 _OK = b"O"
 _TIMED_OUT = b"T"
 _ERROR = b"E"
@@ -65,6 +77,49 @@ class RendezvousTimeoutError(RuntimeError, TimeoutError):
 
 class _ConnectionClosed(Exception):
     """The peer closed the connection (possibly mid-frame)."""
+
+
+def set_peer_timeout(sock: socket.socket, seconds: float | None) -> None:
+    """The core's liveness settings on ``sock`` (``native/transport/tcp.cc``): keepalive probes
+    after half of ``seconds`` of silence, and ``TCP_USER_TIMEOUT`` = ``seconds``, so the kernel
+    ends the connection when the peer host stays silent that long. None or 0: kernel defaults."""
+    if not seconds or seconds <= 0:
+        return
+    secs = max(1, int(seconds))
+    idle = max(1, secs // 2)
+    interval = max(1, secs // 20)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, idle)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, interval)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT, max(1, (secs - idle) // interval + 1))
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, int(min(seconds * 1000, 2e9)))
+    except (OSError, AttributeError):
+        pass  # not Linux: the kernel's defaults
+
+
+def _describe_socket_error(e: BaseException) -> str:
+    """"closed" (the peer process ended: FIN, or RST when it left data unread), "timeout"
+    (its host stayed silent for the peer timeout), or "error: ..."."""
+    if isinstance(e, (_ConnectionClosed, ConnectionResetError, BrokenPipeError,
+                      ConnectionAbortedError)):
+        return "closed"
+    if isinstance(e, OSError) and e.errno in (errno.ETIMEDOUT, errno.EHOSTUNREACH):
+        return "timeout"
+    return f"error: {e}"
+
+
+def _check_alive(conn: socket.socket) -> None:
+    """Raises when ``conn`` was closed by its peer or failed (a silent host's time-out)."""
+    readable, _, _ = select.select([conn], [], [], 0)
+    if not readable:
+        return
+    try:
+        data = conn.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+    except BlockingIOError:
+        return
+    if not data:
+        raise _ConnectionClosed()
 
 
 def _digest(secret: bytes, nonce: bytes, side: bytes) -> bytes:
@@ -141,11 +196,17 @@ class RendezvousServer:
     until the key is put or the caller's timeout runs out. One thread serves each connection.
     """
 
-    def __init__(self, secret: bytes, bind_host: str = "127.0.0.1"):
+    def __init__(self, secret: bytes, bind_host: str = "127.0.0.1", on_put=None, on_hello=None,
+                 on_disconnect=None, peer_timeout: float | None = None):
         if not secret:
             raise ValueError("RendezvousServer needs a non-empty job secret")
         self._secret = secret
         self._bind_host = bind_host
+        self._on_put = on_put
+        self._on_hello = on_hello
+        self._on_disconnect = on_disconnect
+        self._peer_timeout = peer_timeout
+        self._hello: dict[socket.socket, str] = {}
         self._listener: socket.socket | None = None
         self._accept_thread: threading.Thread | None = None
         self._conns: set[socket.socket] = set()
@@ -194,6 +255,17 @@ class RendezvousServer:
         if self._accept_thread is not None:
             self._accept_thread.join(timeout=5)
 
+    def put(self, scope: str, key: str, value: bytes) -> None:
+        """Store a value from this process (the elastic driver's side of the protocol)."""
+        with self._cond:
+            self._store.setdefault(scope, {})[key] = bytes(value)
+            self._cond.notify_all()
+
+    def get_nowait(self, scope: str, key: str) -> bytes | None:
+        """The value of ``scope``/``key``, or None, without waiting."""
+        with self._cond:
+            return self._store.get(scope, {}).get(key)
+
     def __enter__(self) -> "RendezvousServer":
         self.start()
         return self
@@ -219,8 +291,10 @@ class RendezvousServer:
                              name="spark-hvd-rendezvous-conn").start()
 
     def _serve(self, conn: socket.socket) -> None:
+        how = "closed"
         try:
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            set_peer_timeout(conn, self._peer_timeout)
             if not self._authenticate(conn):
                 return
             conn.settimeout(None)
@@ -229,15 +303,20 @@ class RendezvousServer:
                     request = _unpack_fields(_recv_frame(conn))
                 except _ConnectionClosed:
                     return
-                _send_frame(conn, _pack_fields(self._handle(request)))
-        except Exception:
+                _send_frame(conn, _pack_fields(self._handle(request, conn)))
+        except Exception as e:
             # Malformed or oversized input, a failed handshake, or the peer went away: drop the
             # connection. Nothing a peer sends may take the server down.
+            how = _describe_socket_error(e)
             return
         finally:
             with self._cond:
                 self._conns.discard(conn)
+                wid = self._hello.pop(conn, None)
+                stopped = self._stopped
             conn.close()
+            if wid is not None and self._on_disconnect is not None:
+                self._on_disconnect(wid, "server stopped" if stopped else how)
 
     def _authenticate(self, conn: socket.socket) -> bool:
         conn.settimeout(_HANDSHAKE_TIMEOUT)
@@ -253,7 +332,7 @@ class RendezvousServer:
         _send_frame(conn, _digest(self._secret, client_nonce, b"server"))
         return True
 
-    def _handle(self, request: list[bytes]) -> list[bytes]:
+    def _handle(self, request: list[bytes], conn: socket.socket | None = None) -> list[bytes]:
         if not request:
             return [_ERROR, b"empty request"]
         op, args = request[0], request[1:]
@@ -262,10 +341,20 @@ class RendezvousServer:
             with self._cond:
                 self._store.setdefault(scope, {})[key] = value
                 self._cond.notify_all()
+            if self._on_put is not None:
+                self._on_put(scope, key, value)
+            return [_OK]
+        if op == _OP_HELLO and len(args) == 1 and conn is not None:
+            wid = args[0].decode()
+            with self._cond:
+                self._hello[conn] = wid
+            if self._on_hello is not None:
+                self._on_hello(wid)
             return [_OK]
         if op == _OP_GET and len(args) == 3:
             scope, key = args[0].decode(), args[1].decode()
             deadline = time.monotonic() + max(0.0, float(args[2].decode()))
+            watched = conn is not None and conn in self._hello
             with self._cond:
                 while True:
                     if self._stopped:
@@ -276,7 +365,12 @@ class RendezvousServer:
                     remaining = deadline - time.monotonic()
                     if remaining <= 0:
                         return [_TIMED_OUT]
-                    self._cond.wait(min(remaining, 60.0))  # huge timeouts overflow wait()
+                    if watched:
+                        # A worker's listener: its close or time-out must not wait for the key.
+                        self._cond.wait(min(remaining, _WATCH_SECONDS))
+                        _check_alive(conn)
+                    else:
+                        self._cond.wait(min(remaining, 60.0))  # huge timeouts overflow wait()
         if op == _OP_DELETE_SCOPE and len(args) == 1:
             with self._cond:
                 self._store.pop(args[0].decode(), None)
@@ -291,10 +385,12 @@ class KVClient:
     authenticates with the job secret. Safe to share between threads: one request at a time.
     """
 
-    def __init__(self, addr: str, secret: bytes, timeout: float = 30):
+    def __init__(self, addr: str, secret: bytes, timeout: float = 30,
+                 peer_timeout: float | None = None):
         self.addr = addr
         self.timeout = float(timeout)
         self._secret = secret
+        self._peer_timeout = peer_timeout
         self._lock = threading.Lock()
         self._sock = self._connect()
 
@@ -319,6 +415,7 @@ class KVClient:
                 delay = min(delay * 2, 1.0)
         try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            set_peer_timeout(sock, self._peer_timeout)
             sock.settimeout(max(self.timeout, _HANDSHAKE_TIMEOUT))
             self._handshake(sock)
         except BaseException:
@@ -376,6 +473,11 @@ class KVClient:
             raise RendezvousTimeoutError(
                 f"rendezvous timed out after {wait:g} s waiting for key {scope}/{key}")
         return reply[1]
+
+    def hello(self, wid: str) -> None:
+        """Bind this connection to worker ``wid`` (elastic jobs): the server reports its close
+        or time-out to the driver as that worker's loss."""
+        self._request([_OP_HELLO, wid.encode()], self.timeout + _REPLY_MARGIN)
 
     def delete_scope(self, scope: str) -> None:
         """Drop every key of ``scope`` (e.g. when a job or a round is over)."""

@@ -11,12 +11,14 @@ import ctypes
 import shutil
 import threading
 
-from . import _bootstrap, _config, _mpi, _ops
+from . import _bootstrap, _config, _elastic_agent, _mpi, _ops
 from . import process_sets as _process_sets
 from ._native import check, lib, require_init
 
 _lock = threading.Lock()
-_state = {"generation": 0, "config": None, "placement": None}
+# "process_sets": the static sets of the process's first init(), which every re-init of an
+# elastic job registers again (those whose ranks all exist in the new round).
+_state = {"generation": 0, "config": None, "placement": None, "process_sets": None}
 
 
 def init(comm=None, process_sets=None):
@@ -34,7 +36,12 @@ def init(comm=None, process_sets=None):
             allow :func:`add_process_set` / :func:`remove_process_set` at run time, as
             ``SPARK_HVD_DYNAMIC_PROCESS_SETS=1`` (or ``HOROVOD_DYNAMIC_PROCESS_SETS=1``) does.
 
-    Calling ``init`` again after :func:`shutdown` starts a fresh job connection.
+    Calling ``init`` again after :func:`shutdown` starts a fresh job connection. In an elastic
+    job (started by ``spark-hvd-run --min-np/--host-discovery-script`` or ``spark_hvd.run(...,
+    min_num_proc=...)``) ``init`` joins the driver's next round instead: rank and size are the
+    round's, and the static process sets of the first ``init`` are registered again (those
+    whose ranks all exist in the round; a set naming a rank beyond the new size stays
+    unregistered and raises when used).
     """
     with _lock:
         if lib.shvd_is_initialized():
@@ -48,10 +55,24 @@ def init(comm=None, process_sets=None):
                                  "list of process sets")
             config.dynamic_process_sets = True
             process_sets = None
-        static = _process_sets._static_ranks(process_sets)
-        placement = _bootstrap.start(config, comm=comm, process_sets=static,
-                                     generation=_state["generation"])
+        if _state["process_sets"] is None or process_sets is not None:
+            _state["process_sets"] = list(process_sets or [])
+        if comm is None and _elastic_agent.active():
+            process_sets = _state["process_sets"]
+
+            def sets_for_size(size):
+                return [ranks for ranks in _process_sets._static_ranks(process_sets)
+                        if max(ranks, default=-1) < size]
+
+            placement, static = _elastic_agent.get().start_round(config, sets_for_size)
+            process_sets = [ps for ps in process_sets
+                            if max(getattr(ps, "ranks", ps), default=-1) < placement.size]
+        else:
+            static = _process_sets._static_ranks(process_sets)
+            placement = _bootstrap.start(config, comm=comm, process_sets=static,
+                                         generation=_state["generation"])
         _state.update(generation=_state["generation"] + 1, config=config, placement=placement)
+        _ops.reset_auto_names()
         _process_sets._started(process_sets, placement.size, config)
         _config.logger.debug("initialized rank %d of %d (local rank %s of %s, cross rank %s of "
                              "%s)", placement.rank, placement.size, placement.local_rank,
@@ -67,9 +88,25 @@ def shutdown():
         _ops.drop_orphans()
         _process_sets._stopped()
         _mpi.stopped()
+        agent = _elastic_agent.get_or_none()
+        if agent is not None:
+            agent.ended_round()
+
+
+def _elastic_reset():
+    """What ``hvd.elastic.run`` does between rounds: stop this round's core and join the
+    next (in an elastic job; elsewhere a plain re-init of the same job)."""
+    shutdown()
+    init()
 
 
 atexit.register(shutdown)
+
+
+def generation():
+    """How many times this process called ``init()`` successfully: what a framework object
+    compares to tell work of an earlier core (before an elastic reset) from the current."""
+    return _state["generation"]
 
 
 def is_initialized():

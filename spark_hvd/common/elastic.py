@@ -1,42 +1,112 @@
 """Horovod's ``hvd.elastic`` API, the framework-independent half.
 
-Elastic training (``hvd.elastic.run``: a job that survives failed ranks and grows or shrinks as
-hosts come and go) is not implemented in spark_hvd yet, so :func:`run_fn` and the names that
-only make sense with it refuse with :class:`ElasticNotSupportedError`, which says what to do
-instead. The state objects work: in a fixed-size job ``sync()`` makes every rank's state rank
-0's, ``commit()`` keeps a copy in host memory and ``restore()`` returns to it, exactly as in
-Horovod (``commit()`` never raises ``HostsUpdatedInterrupt``: the hosts never change).
+``hvd.elastic.run(func)`` (:func:`run_fn`) runs ``func(state)`` and keeps it running while the
+job's ranks change: in a worker of an elastic job (``spark-hvd-run --min-np ...``,
+``--host-discovery-script ...``, or ``spark_hvd.run(..., min_num_proc=...)``) a lost peer
+(``HorovodInternalError``) makes every survivor restore its last commit, and a change of hosts
+(``HostsUpdatedInterrupt``, raised by :meth:`State.commit` on every rank at the same commit)
+makes every rank keep its state; both then join the driver's next round (``shutdown()`` then
+``init()``), run the reset callbacks, sync from the new rank 0 when the driver says so (one flag
+for every member of the round), and call ``func`` again. Outside an elastic job ``run`` syncs
+the state once and calls ``func`` (a lost peer ends the job as usual).
+
+:meth:`State.check_host_updates` costs one native call when nothing changed: the driver's
+"hosts updated" notice reaches rank 0's core, which carries it to every rank with the next
+response batch, so every rank sees it after the same collective, without a broadcast.
 
 The framework modules (``spark_hvd.torch.elastic``, ``spark_hvd.tensorflow.elastic``,
 ``spark_hvd.keras.elastic``) add their model/optimizer states on top of :class:`ObjectState`.
 """
 
+import functools
+import queue
+
+from . import _elastic_agent
+from . import _elastic_protocol as _proto
+from ._native import lib as _lib
+from .exceptions import HorovodInternalError, HostsUpdatedInterrupt
+
+HostUpdateResult = _proto.HostUpdateResult
+
 ALTERNATIVES = (
-    "Run a fixed-size job instead (spark-hvd-run -np N, spark_hvd.run(fn, np=N) or "
-    "spark_hvd.spark.run(fn, num_proc=N)) and restart it from your last checkpoint when a rank "
-    "fails; the elastic state objects (hvd.elastic.ObjectState, TorchState, KerasState, ...) "
-    "work in a fixed-size job: sync(), commit() and restore() behave as in Horovod.")
+    "Run the job elastic (spark-hvd-run --min-np N ... or spark_hvd.run(fn, min_num_proc=N, "
+    "...)), or run a fixed-size job and restart it from your last checkpoint when a rank fails.")
 
 
 class ElasticNotSupportedError(NotImplementedError):
-    """Raised by the parts of Horovod's elastic API that need elastic training."""
+    """Raised by the parts of Horovod's elastic API that spark_hvd does not support."""
 
 
 def refuse(what):
-    """Raises :class:`ElasticNotSupportedError` for ``what`` (e.g. ``"hvd.elastic.run"``)."""
-    raise ElasticNotSupportedError(
-        f"{what}: elastic training (recovering from failed ranks, adding or removing hosts "
-        f"while training) is not implemented in spark_hvd yet. {ALTERNATIVES}")
+    """Raises :class:`ElasticNotSupportedError` for ``what``."""
+    raise ElasticNotSupportedError(f"{what} is not supported by spark_hvd. {ALTERNATIVES}")
 
 
-def run_fn(func, reset):
-    """Horovod's ``run_fn(func, reset)`` behind every ``hvd.elastic.run``: refused."""
-    del func, reset
-    refuse("hvd.elastic.run")
+def _default_reset():
+    from . import basics
+    basics._elastic_reset()
+
+
+def run_fn(func, reset=None):
+    """Horovod's ``run_fn(func, reset)`` behind every ``hvd.elastic.run``: returns a wrapper
+    ``wrapper(state, *args, **kwargs)`` that runs ``func`` until it returns, across resets.
+
+    ``reset`` stops the core and joins the next round (default: ``shutdown()`` then
+    ``init()``). Exceptions other than ``HorovodInternalError`` and ``HostsUpdatedInterrupt``
+    propagate: in an elastic job they end the job with their traceback, and the host of the
+    rank that raised is not blamed.
+    """
+    reset = reset or _default_reset
+
+    @functools.wraps(func)
+    def wrapper(state, *args, **kwargs):
+        agent = None
+        if _elastic_agent.active():
+            from . import basics
+            basics.init()  # joins round 1 if the script did not call init() first
+            agent = _elastic_agent.get()
+            agent.register_listener(state)
+            agent.in_run = True
+        # The first entry syncs, as in Horovod, except in a round whose members the driver
+        # told not to (survivors of an interrupt, all at the same commit): one flag for all.
+        sync = True
+        if agent is not None and agent.round is not None and agent.entries_in_round == 0:
+            sync = agent.round.sync
+        try:
+            while True:
+                try:
+                    if sync:
+                        state.sync()
+                        if agent is not None:
+                            agent.note_sync()
+                    if agent is not None:
+                        agent.entries_in_round += 1
+                    return func(state, *args, **kwargs)
+                except HorovodInternalError as e:
+                    if agent is None:
+                        raise
+                    state.restore()
+                    agent.rejoin_because(_proto.REASON_FAILURE, e)
+                except HostsUpdatedInterrupt:
+                    if agent is None:
+                        raise
+                    agent.rejoin_because(_proto.REASON_INTERRUPT)
+                reset()
+                state.on_reset()
+                sync = agent.round.sync
+        finally:
+            if agent is not None:
+                agent.remove_listener(state)
+                agent.in_run = False
+
+    return wrapper
 
 
 class State:
     """State kept in host memory and synchronized across the ranks (Horovod's ``State``).
+
+    Subclasses define :meth:`save`, :meth:`restore`, :meth:`sync` and optionally
+    :meth:`reset`; :meth:`commit` and :meth:`check_host_updates` are the same for all.
 
     Args:
         bcast_object: broadcasts a picklable object from rank 0 to every rank.
@@ -47,26 +117,57 @@ class State:
         self._bcast_object = bcast_object
         self._rank = get_rank
         self._reset_callbacks = []
+        # (timestamp, HostUpdateResult) of every "hosts updated" notice heard (Horovod's
+        # attributes; scripts watch them).
+        self._host_messages = queue.Queue()
+        self._last_updated_timestamp = 0
 
     def register_reset_callbacks(self, callbacks):
-        """Registers functions to call after a reset event. A fixed-size job has none, so they
-        are kept and never called."""
+        """Registers functions to call after each reset (the ranks changed), in order."""
         self._reset_callbacks.extend(callbacks)
 
     def on_reset(self):
-        """Runs :meth:`reset` and the registered reset callbacks."""
+        """Runs :meth:`reset` and the registered reset callbacks (after every reset)."""
+        self._host_messages = queue.Queue()
         self.reset()
         for callback in self._reset_callbacks:
             callback()
 
+    def on_hosts_updated(self, timestamp, update_res):
+        """The driver says hosts were added or removed (called by the worker's listener)."""
+        self._host_messages.put((timestamp, update_res))
+
     def commit(self):
-        """Saves the state to host memory (:meth:`save`). Horovod also checks here whether hosts
-        were added or removed; in a fixed-size job they never are."""
+        """Saves the state to host memory (:meth:`save`), then raises
+        ``HostsUpdatedInterrupt`` if hosts were added or removed (on every rank at the same
+        commit)."""
         self.save()
+        agent = _elastic_agent._agent
+        if agent is not None:
+            agent.commits += 1
         self.check_host_updates()
 
     def check_host_updates(self):
-        """Nothing to check: the hosts of a fixed-size job never change."""
+        """Raises ``HostsUpdatedInterrupt`` when the driver announced a change of hosts that
+        this rank has not acted on. Every rank raises after the same collective (the notice
+        travels with the core's responses), so they all leave at the same commit, or none
+        does. One native call when nothing changed; never raises outside elastic jobs."""
+        agent = _elastic_agent._agent
+        if agent is None:
+            return
+        notice = _lib.shvd_released_notice()
+        if notice <= agent.acted_notice:
+            return
+        agent.acted_notice = notice
+        update = HostUpdateResult.no_update
+        while True:
+            try:
+                timestamp, result = self._host_messages.get_nowait()
+            except queue.Empty:
+                break
+            update |= result
+            self._last_updated_timestamp = max(self._last_updated_timestamp, timestamp)
+        raise HostsUpdatedInterrupt(update == HostUpdateResult.removed)
 
     def save(self):
         """Saves the state to host memory."""
@@ -81,7 +182,7 @@ class State:
         raise NotImplementedError()
 
     def reset(self):
-        """Resets objects and variables after a reset event (none in a fixed-size job)."""
+        """Resets objects and variables after the ranks changed (e.g. a sampler's shards)."""
 
 
 class ObjectState(State):

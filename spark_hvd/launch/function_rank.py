@@ -119,6 +119,11 @@ def main():
         sys.stderr.write(report["traceback"])
         sys.stderr.flush()
         _write_atomically(error_path, json.dumps(report).encode())
+        if os.environ.get("SPARK_HVD_ELASTIC", "") not in ("", "0"):
+            # An elastic driver must hear that fn raised (a user error ends the job), not
+            # only see the process exit (a loss it would recover from).
+            from spark_hvd.common._elastic_agent import report_exit_error
+            report_exit_error(e)
         sys.stdout.flush()
         # Exit now, skipping atexit's coordinated hvd.shutdown(): it would wait for the other
         # ranks, which may be far from their next collective. They learn of the failure from

@@ -50,7 +50,7 @@ def line_prefix(rank: int, stream_name: str, timestamp: bool = False) -> bytes:
     return prefix.encode()
 
 
-def _pump(pipe: BinaryIO, rank: int, stream_name: str, sink: LineSink,
+def _pump(pipe: BinaryIO, rank, stream_name: str, sink: LineSink,
           copy_to: BinaryIO | None, timestamp: bool) -> None:
     try:
         for line in iter(pipe.readline, b""):
@@ -59,26 +59,31 @@ def _pump(pipe: BinaryIO, rank: int, stream_name: str, sink: LineSink,
             if copy_to is not None:
                 copy_to.write(line)
                 copy_to.flush()
-            sink.write_line(line_prefix(rank, stream_name, timestamp) + line)
+            label = rank() if callable(rank) else rank
+            sink.write_line(line_prefix(label, stream_name, timestamp) + line)
     finally:
         pipe.close()
         if copy_to is not None:
             copy_to.close()
 
 
-def forward(pipe: BinaryIO, rank: int, stream_name: str, sink: LineSink,
-            output_dir: str | None = None, timestamp: bool = False) -> threading.Thread:
+def forward(pipe: BinaryIO, rank, stream_name: str, sink: LineSink,
+            output_dir: str | None = None, timestamp: bool = False,
+            dir_name: str | None = None) -> threading.Thread:
     """Start a daemon thread copying ``pipe`` to ``sink`` line by line until EOF.
 
-    With ``output_dir``, the rank's raw lines also go to ``output_dir/rank.N/<stream_name>``.
+    ``rank`` is the rank in the prefix, or a function that returns the current one (an elastic
+    worker's rank changes from round to round). With ``output_dir``, the raw lines also go to
+    ``output_dir/<dir_name>/<stream_name>`` (``dir_name`` default: ``rank.N``).
     """
     copy_to = None
     if output_dir is not None:
-        rank_dir = os.path.join(output_dir, f"rank.{rank}")
+        rank_dir = os.path.join(output_dir, dir_name or f"rank.{rank}")
         os.makedirs(rank_dir, exist_ok=True)
         copy_to = open(os.path.join(rank_dir, stream_name), "wb")
     thread = threading.Thread(target=_pump, args=(pipe, rank, stream_name, sink, copy_to,
                                                   timestamp),
-                              name=f"spark-hvd-output-{rank}-{stream_name}", daemon=True)
+                              name=f"spark-hvd-output-{dir_name or rank}-{stream_name}",
+                              daemon=True)
     thread.start()
     return thread

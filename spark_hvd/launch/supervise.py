@@ -166,14 +166,20 @@ class Supervisor:
     def _stop_leftovers(self) -> None:
         """After every rank exited: stop processes the ranks started and left behind (they
         would keep GPUs busy and hold our output pipes open)."""
-        left = [p for p in self.ranks if group_alive(p)]
-        if not left:
-            return
-        for p in left:
-            p.signal_group(signal.SIGTERM)
-        deadline = time.monotonic() + self._grace
-        while left and time.monotonic() < deadline:
-            time.sleep(0.05)
-            left = [p for p in left if group_alive(p)]
-        for p in left:
-            p.signal_group(signal.SIGKILL)
+        stop_leftovers(self.ranks, self._grace)
+
+
+def stop_leftovers(procs, grace: float) -> None:
+    """SIGTERM, then SIGKILL after ``grace`` seconds, to the process groups of ``procs`` in
+    which something still lives."""
+    left = [p for p in procs if group_alive(p)]
+    if not left:
+        return
+    for p in left:
+        p.signal_group(signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while left and time.monotonic() < deadline:
+        time.sleep(0.05)
+        left = [p for p in left if group_alive(p)]
+    for p in left:
+        p.signal_group(signal.SIGKILL)

@@ -27,8 +27,25 @@ os.environ[function_rank.ERROR_ENV] = os.path.join(d, "error")
 function_rank.main()
 """
 
-_ELASTIC_ARGS = ("min_num_proc", "max_num_proc", "slots", "reset_limit", "cooldown_range",
-                 "host_discovery_script")
+# The same for a worker of an elastic run: one payload for all, copied into the worker's own
+# directory (named by its worker id; a stopped worker removes only that one).
+_WORKER_MAIN = """\
+import os, shutil, sys
+from spark_hvd.common._bootstrap_contract import ELASTIC_WORKER_ID
+from spark_hvd.launch import function_rank
+d = os.path.join(sys.argv[1], "worker." + os.environ[ELASTIC_WORKER_ID].replace("/", "."))
+os.makedirs(d, exist_ok=True)
+shutil.copyfile(os.path.join(sys.argv[1], "payload"), os.path.join(d, "payload"))
+os.environ[function_rank.PAYLOAD_ENV] = os.path.join(d, "payload")
+os.environ[function_rank.RESULT_ENV] = os.path.join(d, "result")
+os.environ[function_rank.ERROR_ENV] = os.path.join(d, "error")
+function_rank.main()
+"""
+
+# Horovod's rule: these make the run elastic ...
+_ELASTIC_ARGS = ("min_num_proc", "max_num_proc", "host_discovery_script")
+# ... and these only mean something in an elastic run.
+_ELASTIC_ONLY = ("slots", "reset_limit", "cooldown_range", "elastic_timeout")
 
 
 def run(func, args=(), kwargs=None, num_proc=None, min_num_proc=None, max_num_proc=None,
@@ -36,7 +53,7 @@ def run(func, args=(), kwargs=None, num_proc=None, min_num_proc=None, max_num_pr
         host_discovery_script=None, start_timeout=None, ssh_port=None, ssh_identity_file=None,
         disable_cache=None, output_filename=None, verbose=None, use_gloo=None, use_mpi=None,
         mpi_args=None, network_interface=None, network_interfaces=None, executable=None,
-        np=None, min_np=None, max_np=None):
+        np=None, min_np=None, max_np=None, elastic_timeout=None):
     """Runs ``func(*args, **kwargs)`` on every rank of a new job of ``num_proc`` processes
     started by the ``spark-hvd-run`` machinery, and returns the ranks' return values in rank
     order (Horovod's ``horovod.run``, same arguments).
@@ -60,9 +77,16 @@ def run(func, args=(), kwargs=None, num_proc=None, min_num_proc=None, max_num_pr
             there are no cached start-up checks to disable.
         use_mpi, mpi_args: MPI is not a transport here: ``use_mpi=True`` is an error,
             ``mpi_args`` a warning.
-        min_num_proc, max_num_proc, slots, reset_limit, cooldown_range,
-        host_discovery_script (and ``min_np``, ``max_np``): Horovod's elastic training, not
-            implemented: giving any of them raises ``ElasticNotSupportedError``.
+        min_num_proc, max_num_proc, host_discovery_script (and ``min_np``, ``max_np``): an
+            elastic run (Horovod's elastic ``horovod.run``), as ``spark-hvd-run --min-np
+            --max-np --host-discovery-script``: a lost process or host makes the others go on
+            from their last commit (``func`` trains under ``hvd.elastic.run``), hosts the
+            script adds join at the next reset. ``slots``, ``reset_limit``,
+            ``cooldown_range`` (``(min, max)`` seconds) and ``elastic_timeout`` as the
+            launcher's ``--slots-per-host``, ``--reset-limit``,
+            ``--blacklist-cooldown-range`` and ``--elastic-timeout``. The result is the final
+            round's, in its rank order; a worker whose ``func`` never calls ``init()`` is
+            collected by the rank it was started for.
 
     Returns:
         ``[result of rank 0, result of rank 1, ...]``.
@@ -71,7 +95,6 @@ def run(func, args=(), kwargs=None, num_proc=None, min_num_proc=None, max_num_pr
         spark_hvd.spark.RunError: a rank failed (the message names it and holds its traceback
             or exit status; the launcher stopped the other ranks), or the job could not start.
     """
-    from ..common.elastic import refuse
     from ..spark import RunError
 
     if np is not None:
@@ -82,10 +105,12 @@ def run(func, args=(), kwargs=None, num_proc=None, min_num_proc=None, max_num_pr
     max_num_proc = max_num_proc if max_np is None else max_np
     given = dict(min_num_proc=min_num_proc, max_num_proc=max_num_proc, slots=slots,
                  reset_limit=reset_limit, cooldown_range=cooldown_range,
-                 host_discovery_script=host_discovery_script)
-    elastic = [name for name in _ELASTIC_ARGS if given[name] is not None]
-    if elastic:
-        refuse(f"spark_hvd.run({elastic[0]}=...)")
+                 host_discovery_script=host_discovery_script, elastic_timeout=elastic_timeout)
+    elastic = any(given[name] is not None for name in _ELASTIC_ARGS)
+    only = [name for name in _ELASTIC_ONLY if given[name] is not None]
+    if only and not elastic:
+        raise ValueError(f"spark_hvd.run: {only[0]}= applies to elastic runs only: give "
+                         "min_num_proc, max_num_proc or host_discovery_script too")
     if use_mpi:
         raise ValueError("spark_hvd.run: MPI is not supported; the ranks use spark_hvd's "
                          "built-in TCP/shared-memory transport (leave use_mpi unset)")
@@ -94,6 +119,8 @@ def run(func, args=(), kwargs=None, num_proc=None, min_num_proc=None, max_num_pr
                       stacklevel=2)
     if hosts is not None and hostfile is not None:
         raise ValueError("spark_hvd.run: give hosts or hostfile, not both")
+    if num_proc is None and elastic:
+        num_proc = min_num_proc or 1
     num_proc = 1 if num_proc is None else int(num_proc)
     if num_proc < 1:
         raise ValueError(f"spark_hvd.run: num_proc must be >= 1, got {num_proc}")
@@ -115,6 +142,18 @@ def run(func, args=(), kwargs=None, num_proc=None, min_num_proc=None, max_num_pr
             argv += [flag, str(value)]
     if verbose:
         argv.append("--verbose")
+    if elastic:
+        for flag, value in (("--min-np", min_num_proc), ("--max-np", max_num_proc),
+                            ("--host-discovery-script", host_discovery_script),
+                            ("--slots-per-host", slots), ("--reset-limit", reset_limit),
+                            ("--elastic-timeout", elastic_timeout)):
+            if value is not None:
+                argv += [flag, str(value)]
+        if min_num_proc is None and host_discovery_script is None:
+            argv += ["--min-np", str(num_proc)]
+        if cooldown_range is not None:
+            argv += ["--blacklist-cooldown-range", *(str(int(x)) for x in cooldown_range)]
+        return _run_elastic_function(func, args, kwargs, argv, executable, RunError)
 
     import cloudpickle
 
@@ -133,6 +172,63 @@ def run(func, args=(), kwargs=None, num_proc=None, min_num_proc=None, max_num_pr
         return _collect(workdir, num_proc, code, RunError)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _run_elastic_function(func, args, kwargs, argv, executable, error_class):
+    """``run``'s elastic path: one payload, a directory per worker, the final round's results
+    in rank order."""
+    import cloudpickle
+
+    from . import launch
+
+    workdir = tempfile.mkdtemp(prefix="spark_hvd-run-")
+    try:
+        with open(os.path.join(workdir, "payload"), "wb") as f:
+            f.write(cloudpickle.dumps((func, tuple(args), dict(kwargs or {}))))
+        parsed = launch.parse_args(argv + ["--", executable or sys.executable, "-c",
+                                           _WORKER_MAIN, workdir])
+        try:
+            outcome = launch._run_elastic(parsed)
+        except RuntimeError as e:
+            # The driver's message names the rank, its host and the cause (with the
+            # traceback of a user error).
+            report = _user_error_report(workdir)
+            raise error_class(f"spark_hvd.run: {e}", kind="user" if report else "lost",
+                              detail=report["traceback"] if report else str(e)) from None
+        if outcome.members:
+            order = outcome.members
+        else:  # no worker called init(): each is collected by the rank it was started for
+            order = sorted((w for w in outcome.spawn_ranks
+                            if os.path.exists(_worker_file(workdir, w, "result"))),
+                           key=outcome.spawn_ranks.get)
+        results = []
+        for rank, wid in enumerate(order):
+            path = _worker_file(workdir, wid, "result")
+            if not os.path.exists(path):
+                raise error_class(f"spark_hvd.run: rank {rank} ({wid}) returned no result",
+                                  rank=rank, kind="crash", detail=None)
+            with open(path, "rb") as f:
+                results.append(cloudpickle.load(f))
+        return results
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _worker_file(workdir, wid, name):
+    return os.path.join(workdir, "worker." + wid.replace("/", "."), name)
+
+
+def _user_error_report(workdir):
+    """The first report of a worker of an elastic run whose ``func`` raised, or None."""
+    import json
+    for entry in sorted(os.listdir(workdir)):
+        path = os.path.join(workdir, entry, "error")
+        if entry.startswith("worker.") and os.path.exists(path):
+            with open(path) as f:
+                report = json.load(f)
+            if not report.get("internal"):
+                return report
+    return None
 
 
 def _require_local_hosts(hosts, hostfile):

@@ -142,15 +142,29 @@ def build_parser() -> argparse.ArgumentParser:
         tuning.add_argument("--autotune-" + flag, type=kind, metavar=metavar,
                             help="autotune: " + text)
     elastic = p.add_argument_group(
-        "elastic training (not implemented yet: these flags are refused; run a fixed-size job "
-        "with -np and restart it from a checkpoint when a rank fails)")
-    for flags in (("--min-np", "--min-num-proc"), ("--max-np", "--max-num-proc"),
-                  ("--slots-per-host",), ("--elastic-timeout",), ("--reset-limit",),
-                  ("--host-discovery-script",)):
-        elastic.add_argument(*flags, dest="elastic_" + flags[-1].lstrip("-").replace("-", "_"),
-                             metavar="X")
-    elastic.add_argument("--blacklist-cooldown-range", dest="elastic_blacklist_cooldown_range",
-                         nargs=2, metavar="S")
+        "elastic training (with --min-np or --host-discovery-script: the job survives lost "
+        "processes and hosts, and grows and shrinks with the hosts discovery lists)")
+    elastic.add_argument("--min-np", "--min-num-proc", dest="min_num_proc", type=int,
+                         metavar="N", help="fewest processes to keep training with (default: "
+                         "-np); fewer for --elastic-timeout ends the job")
+    elastic.add_argument("--max-np", "--max-num-proc", dest="max_num_proc", type=int,
+                         metavar="N", help="most processes to use (default: every slot "
+                         "discovered)")
+    elastic.add_argument("--slots-per-host", "--slots", dest="slots", type=int, metavar="N",
+                         help="slots of a host the discovery script lists without them")
+    elastic.add_argument("--host-discovery-script", metavar="SCRIPT",
+                         help="executable printing the available hosts, one 'host:slots' a "
+                              "line; run every second")
+    elastic.add_argument("--elastic-timeout", type=float, metavar="S",
+                         help="seconds the job may wait to re-form (enough processes, a "
+                              "frozen member) before it fails (default: "
+                              "$SPARK_HVD_ELASTIC_TIMEOUT, $HOROVOD_ELASTIC_TIMEOUT or 600)")
+    elastic.add_argument("--reset-limit", type=int, metavar="N",
+                         help="fail the job at the N+1-th reset (default: no limit)")
+    elastic.add_argument("--blacklist-cooldown-range", dest="cooldown_range", type=int,
+                         nargs=2, metavar=("MIN", "MAX"),
+                         help="seconds a host that lost a process stays out: MIN doubling per "
+                              "failure up to MAX (default 10 600; 1 <= MIN <= MAX <= 3600)")
     p.add_argument("command", nargs=argparse.REMAINDER, metavar="COMMAND...",
                    help="the program each rank runs, with its arguments")
     return p
@@ -337,14 +351,7 @@ def main(argv: list[str] | None = None) -> int:
         from spark_hvd.runner._check_build import check_build_report
         print(check_build_report())
         return 0
-    elastic = [name for name, value in vars(args).items()
-               if name.startswith("elastic_") and value is not None]
-    if elastic:
-        flag = "--" + elastic[0][len("elastic_"):].replace("_", "-")
-        print(f"{PROG}: error: {flag}: elastic training is not implemented yet; run a "
-              "fixed-size job (-np N) and restart it from a checkpoint when a rank fails",
-              file=sys.stderr)
-        return 2
+    _horovod_names(args)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
         parser.error("no COMMAND given (e.g. spark-hvd-run -np 2 python train.py)")
@@ -366,6 +373,26 @@ def main(argv: list[str] | None = None) -> int:
     for note in notes:
         if log_enabled(threshold, "WARNING"):
             print(f"{PROG}: {note}", file=sys.stderr)
+    if not is_elastic(args):
+        given = [flag for flag, attr in _ELASTIC_ONLY_FLAGS if getattr(args, attr) is not None]
+        if given:
+            print(f"{PROG}: error: {given[0]} applies to elastic jobs only: add --min-np N or "
+                  "--host-discovery-script SCRIPT", file=sys.stderr)
+            return 2
+    if is_elastic(args):
+        if args.mpi:
+            print(f"{PROG}: error: --mpi cannot run an elastic job (MPI cannot re-form with "
+                  "other processes); leave out --mpi", file=sys.stderr)
+            return 2
+        try:
+            outcome = _run_elastic(args, command=command, threshold=threshold)
+        except ValueError as e:
+            print(f"{PROG}: error: {e}", file=sys.stderr)
+            return 2
+        except RuntimeError as e:
+            print(f"{PROG}: {e}", file=sys.stderr)
+            return getattr(e, "exit_code", 1)
+        return 0 if outcome.ok else 1
     if args.mpi:
         return _run_under_mpirun(args, command)
     try:
@@ -379,6 +406,121 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return 2
     return _Job(args, command, slots, is_local, start_timeout, interface_ip, threshold).run()
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """Horovod's ``horovod.runner.launch.parse_args``: ``sys.argv[1:]`` (or ``argv``) parsed,
+    with Horovod's attribute names too (``num_proc``, ``min_num_proc``, ``max_num_proc``,
+    ``slots``, ``cooldown_range``, ``command``, ...)."""
+    args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
+    _horovod_names(args)
+    if args.command[:1] == ["--"]:
+        args.command = args.command[1:]
+    return args
+
+
+def _horovod_names(args: argparse.Namespace) -> None:
+    args.num_proc = args.np
+    args.nics = args.network_interface
+    args.run_func = None
+
+
+_ELASTIC_ONLY_FLAGS = (("--max-np", "max_num_proc"), ("--slots-per-host", "slots"),
+                       ("--elastic-timeout", "elastic_timeout"), ("--reset-limit", "reset_limit"),
+                       ("--blacklist-cooldown-range", "cooldown_range"))
+
+
+def is_elastic(args: argparse.Namespace) -> bool:
+    """Horovod's rule: a discovery script or --min-np makes the job elastic."""
+    return args.host_discovery_script is not None or args.min_num_proc is not None
+
+
+def _run_elastic(args: argparse.Namespace, command: list[str] | None = None,
+                 threshold: str | None = None, base_env=None, cwd=None):
+    """Runs an elastic job (Horovod's ``horovod.runner.launch._run_elastic``): returns the
+    driver's outcome when the job succeeded, raises ``RuntimeError`` naming the cause (with
+    Horovod's words for failed processes) when it did not, ``ValueError`` for bad arguments.
+
+    Reads ``spark_hvd.runner.elastic.driver.DISCOVER_HOSTS_FREQUENCY_SECS`` and
+    ``ELASTIC_TIMEOUT_SECS`` (the default when neither ``--elastic-timeout`` nor
+    ``$HOROVOD_ELASTIC_TIMEOUT`` is set) now, so tests may patch them as Horovod's do."""
+    from spark_hvd.launch.elastic.hosts import (FixedHosts, HostDiscoveryScript,
+                                                validate_cooldown_range)
+    from spark_hvd.runner._elastic_job import ElasticJob
+    from spark_hvd.runner.elastic import driver as _horovod_driver
+
+    command = list(args.command if command is None else command)
+    if command[:1] == ["--"]:
+        command = command[1:]
+    if not command:
+        raise ValueError("no COMMAND given (e.g. spark-hvd-run -np 2 --min-np 1 python "
+                         "train.py)")
+    if args.host_discovery_script:
+        discovery = HostDiscoveryScript(args.host_discovery_script, args.slots)
+    elif args.hosts or args.hostfile:
+        if args.hosts and args.hostfile:
+            raise ValueError("give hosts with -H or with --hostfile, not both")
+        entries = (_hosts.parse_hosts(args.hosts) if args.hosts
+                   else _hosts.parse_hostfile(args.hostfile))
+        discovery = FixedHosts({h.host: h.slots for h in entries})
+    elif args.np is not None:
+        discovery = FixedHosts({"localhost": args.np})
+    else:
+        raise ValueError("an elastic job needs --host-discovery-script, -H, --hostfile or -np")
+    num_proc = args.np if args.np is not None else args.min_num_proc
+    min_np = args.min_num_proc if args.min_num_proc is not None else num_proc
+    if num_proc is None:
+        raise ValueError("give -np or --min-np")
+    max_np = args.max_num_proc
+    for name, value in (("-np", num_proc), ("--min-np", min_np), ("--max-np", max_np)):
+        if value is not None and value < 1:
+            raise ValueError(f"{name} must be at least 1, got {value}")
+    if min_np > num_proc:
+        raise ValueError(f"--min-np {min_np} is above -np {num_proc}")
+    if max_np is not None and max_np < num_proc:
+        raise ValueError(f"--max-np {max_np} is below -np {num_proc}")
+    if args.reset_limit is not None and args.reset_limit < 0:
+        raise ValueError(f"--reset-limit must be >= 0, got {args.reset_limit}")
+    cooldown = validate_cooldown_range(args.cooldown_range) if args.cooldown_range else None
+    if args.elastic_timeout is not None:
+        elastic_timeout = args.elastic_timeout
+    elif contract.setting("ELASTIC_TIMEOUT") is not None:
+        elastic_timeout = contract.elastic_timeout()
+    else:
+        elastic_timeout = float(_horovod_driver.ELASTIC_TIMEOUT_SECS)
+    threshold = threshold or log_threshold(args)
+
+    err = LineSink(sys.stderr)
+
+    def log(message, level="WARNING"):
+        if log_enabled(threshold, level):
+            err.write_line(f"{PROG}: {message}\n".encode())
+
+    if args.output_filename:
+        os.makedirs(args.output_filename, exist_ok=True)
+    on_user_error = (contract.setting("ELASTIC_ON_USER_ERROR") or "raise").strip().lower()
+    job = ElasticJob(args, command, discovery, num_proc=num_proc, min_np=min_np, max_np=max_np,
+                     elastic_timeout=elastic_timeout, reset_limit=args.reset_limit,
+                     cooldown_range=cooldown, start_timeout=_start_timeout(args),
+                     interface_ip=_elastic_interface_address(args),
+                     log=log, discover_every=_horovod_driver.DISCOVER_HOSTS_FREQUENCY_SECS,
+                     on_user_error=on_user_error, base_env=base_env, cwd=cwd)
+    outcome = job.run()
+    if not outcome.ok:
+        error = RuntimeError(outcome.error or "the elastic job failed")
+        error.exit_code = outcome.exit_code or 1
+        raise error
+    return outcome
+
+
+def _elastic_interface_address(args: argparse.Namespace) -> str | None:
+    """This machine's address on the pinned interface, when it has it (the store listens
+    there); None without a pinned interface or when this machine lacks it."""
+    here = [_hosts.SlotInfo("localhost", 0, 1, 0, 1, 0, 1)]
+    try:
+        return launcher_interface_address(args, here)
+    except ValueError:
+        return None
 
 
 def mpirun_command(args: argparse.Namespace, command: list[str],

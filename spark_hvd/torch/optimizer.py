@@ -23,7 +23,7 @@ from contextlib import contextmanager
 
 import torch
 
-from ..common import _config
+from ..common import _config, basics
 from ..common.gradients import (check_adasum_size, check_optimizer_args, form_groups,
                                 named_parameters_of, scale_factors)
 from ..common.process_sets import global_process_set
@@ -93,6 +93,7 @@ class _DistributedOptimizer:
         self._sparse_layout = {}     # param -> (sparse_dim) of the sparse grads it produced
         self._hook_handles = []
         self._pending = 0            # hook calls since the last synchronize
+        self._generation = basics.generation()  # the init() whose core this step runs on
         self._ready = []             # finished gradients not yet submitted (the open bucket)
         self._ready_bytes = 0
         on_gpu = any(p.is_cuda for group in self.param_groups for p in group["params"])
@@ -335,6 +336,9 @@ class _DistributedOptimizer:
 
     def _end_step(self):
         """Forgets this step's allreduces: the next backward starts counting afresh."""
+        self._generation = basics.generation()
+        self._ready.clear()
+        self._ready_bytes = 0
         self._handles.clear()
         for p in self._requires_update:
             self._allreduce_delay[p] = self.backward_passes_per_step
@@ -423,6 +427,10 @@ class _DistributedOptimizer:
 
     def zero_grad(self, set_to_none=True):
         """Clears the gradients; refuses while gradient allreduces are in flight."""
+        if (self._handles or self._pending) and self._generation != basics.generation():
+            # The step failed with the core it ran on (an elastic reset since): its
+            # allreduces are gone with that core, not in flight.
+            self._end_step()
         if self._handles or self._pending:
             raise AssertionError(_ZERO_GRAD_ERROR)
         return super().zero_grad(set_to_none)

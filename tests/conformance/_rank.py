@@ -1,6 +1,8 @@
 """One rank of a conformance job: runs one Horovod test with pytest and records its outcome.
 
-Started by ``spark-hvd-run`` for ``run.py``: ``python _rank.py RESULT_DIR PYTEST_ARGS...``.
+Started by ``spark-hvd-run`` for ``run.py``: ``python _rank.py RESULT_DIR PYTEST_ARGS...`` (or
+directly, as the one process of a ``test/single`` or ``test/integration`` test, with
+``CONFORMANCE_SINGLE=1``: then no rank variables are set).
 
 Horovod's tests learn the job's rank and size from the launcher's variables: under
 ``horovodrun`` in Gloo mode ``HOROVOD_RANK``/``HOROVOD_SIZE``, under MPI ``PMI_*`` or
@@ -60,8 +62,9 @@ class OutcomeRecorder:
 
 def main():
     result_dir, pytest_args = sys.argv[1], sys.argv[2:]
-    os.environ["HOROVOD_RANK"] = RANK
-    os.environ["HOROVOD_SIZE"] = SIZE
+    if not os.environ.get("CONFORMANCE_SINGLE"):  # a single-process test is no job's rank
+        os.environ["HOROVOD_RANK"] = RANK
+        os.environ["HOROVOD_SIZE"] = SIZE
     dump_after = float(os.environ.get("CONFORMANCE_DUMP_STACKS_AFTER", "0"))
     if dump_after > 0:
         # To the real stderr: pytest's capture replaces fd 2 while the test runs.

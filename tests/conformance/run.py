@@ -10,6 +10,11 @@ process, then run as ``spark-hvd-run -np N python _rank.py ... FILE::TEST``, wit
 test/utils and test/parallel beside it. A test that outlives ``--timeout`` is killed with
 every process it started (each rank dumps its Python stacks into its output just before).
 
+Files of ``test/single`` and ``test/integration`` (or any file with ``--single``) run as Horovod
+runs them: each test in one plain ``python -m pytest`` process started in the file's folder
+(``PYTHONPATH`` = alias, test/utils, test, the file's folder), no launcher: those tests start
+jobs themselves (``horovod.run``, ``_run_elastic``).
+
 A test PASSED only if every rank passed and SKIPPED if every rank skipped. It FAILED if a rank
 failed (peers the launcher then stopped included); it CRASHED if a rank died on a signal or
 without an outcome, or the job outlived the time limit. The last line is always
@@ -75,9 +80,15 @@ def horovod_paths(src: Path) -> tuple[Path, Path]:
 
 
 def job_env(parallel: Path, utils: Path, tmpdir: str | None = None) -> dict[str, str]:
-    """Environment of the collection run and of every job: the alias first on the path."""
+    """Environment of the collection run and of every job: the alias first on the path (for a
+    single-process file, ``parallel`` is the file's folder and Horovod's test/ comes too)."""
     env = dict(os.environ)
     path = [str(ALIAS_DIR), str(parallel), str(utils)]
+    if parallel.name != "parallel":
+        path.append(str(utils.parent))
+        env["CONFORMANCE_SINGLE"] = "1"
+        # The jobs these tests start run `python ...`: this Python (the venv's), as in CI.
+        env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
     if env.get("PYTHONPATH"):
         path.append(env["PYTHONPATH"])
     env["PYTHONPATH"] = os.pathsep.join(path)
@@ -205,12 +216,15 @@ def slug(test_id: str) -> str:
 
 def run_test(test_id: str, np_: int, timeout: float, launcher: list[str], parallel: Path,
              utils: Path, out_root: Path) -> TestResult:
-    """Runs one test as one job and judges it."""
+    """Runs one test as one job (or, with no ``launcher``, one process) and judges it."""
     out = out_root / slug(test_id)
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
-    cmd = [*launcher, "-np", str(np_), "--output-filename", str(out),
-           sys.executable, str(RANK_SCRIPT), str(out), *pytest_base(parallel), test_id]
+    rank = [sys.executable, str(RANK_SCRIPT), str(out), *pytest_base(parallel), test_id]
+    if launcher:
+        cmd = [*launcher, "-np", str(np_), "--output-filename", str(out), *rank]
+    else:
+        cmd, np_ = [*rank], 1
     start = time.monotonic()
     timed_out = False
     with tempfile.TemporaryDirectory(prefix="conformance-") as tmp, \
@@ -232,7 +246,8 @@ def run_test(test_id: str, np_: int, timeout: float, launcher: list[str], parall
         except subprocess.TimeoutExpired:
             timed_out = True
             stop_job(proc)
-    result = judge(test_id, np_, out, proc.returncode, timed_out, timeout)
+    result = judge(test_id, np_, out, proc.returncode, timed_out, timeout,
+                   single=not launcher)
     result.seconds = time.monotonic() - start
     result.output_dir = str(out)
     return result
@@ -242,12 +257,19 @@ def _rank_text(out: Path, rank: int, stream: str) -> str:
     try:
         return (out / f"rank.{rank}" / stream).read_text(errors="replace")
     except OSError:
-        return ""
+        pass
+    if rank == 0 and stream == "stderr":  # a single process: its output is the log
+        try:
+            return (out / "launcher.log").read_text(errors="replace")
+        except OSError:
+            pass
+    return ""
 
 
 def judge(test_id: str, np_: int, out: Path, returncode: int, timed_out: bool,
-          timeout: float) -> TestResult:
-    """The test's outcome from each rank's recorded outcome and the launcher's verdict."""
+          timeout: float, single: bool = False) -> TestResult:
+    """The test's outcome from each rank's recorded outcome and the launcher's verdict (a
+    single-process test has no launcher: its log holds the jobs it started itself)."""
     result = TestResult(test_id)
     for rank in range(np_):
         try:
@@ -268,7 +290,7 @@ def judge(test_id: str, np_: int, out: Path, returncode: int, timed_out: bool,
                 error = error or error_lines(stderr + _rank_text(out, rank, "stdout"))
         result.ranks[rank] = {"outcome": outcome, "phase": rec.get("phase"), "error": error}
     log = (out / "launcher.log").read_text(errors="replace")
-    first = _FIRST_EXIT.search(log)
+    first = None if single else _FIRST_EXIT.search(log)
     outcomes = {r: v["outcome"] for r, v in result.ranks.items()}
     failed = [r for r, o in outcomes.items() if o == "failed"]
     missing = [r for r, o in outcomes.items() if o is None]
@@ -352,6 +374,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="Horovod source tree (default: $HOROVOD_SRC)")
     p.add_argument("--out", help="folder for every test's output (default: a new folder "
                    "under the temporary directory)")
+    p.add_argument("--single", action="store_true",
+                   help="run each test in one plain pytest process, without the launcher "
+                   "(the default for files of test/single and test/integration)")
     p.add_argument("--json", help="write the results as JSON to this file")
     p.add_argument("--junit", help="write the results as JUnit XML to this file")
     args = p.parse_args(argv)
@@ -361,7 +386,8 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def resolve_test_file(name: str, src: Path, parallel: Path) -> Path:
-    for candidate in (Path(name), src / name, parallel / name):
+    for candidate in (Path(name), src / name, parallel / name, src / "test" / "single" / name,
+                      src / "test" / "integration" / name):
         if candidate.is_file():
             return candidate.resolve()
     sys.exit(f"run.py: no test file {name!r} in {parallel}")
@@ -372,10 +398,14 @@ def main(argv=None) -> int:
     src = Path(args.horovod_src).expanduser().resolve()
     parallel, utils = horovod_paths(src)
     test_file = resolve_test_file(args.test_file, src, parallel)
+    single = args.single or test_file.parent.name in ("single", "integration")
+    if single:
+        parallel = test_file.parent  # tests run from the file's folder, as Horovod runs them
     out_root = Path(args.out or tempfile.mkdtemp(
         prefix=f"spark_hvd-conformance-{test_file.stem}.np{args.np}-")).resolve()
     out_root.mkdir(parents=True, exist_ok=True)
-    print(f"conformance: {test_file} on {args.np} ranks, {args.timeout:g} s per test, "
+    how = "one process per test" if single else f"{args.np} ranks"
+    print(f"conformance: {test_file} on {how}, {args.timeout:g} s per test, "
           f"output in {out_root}", flush=True)
 
     ids, error = collect(test_file, parallel, utils, args.keyword, out_root)
@@ -385,7 +415,7 @@ def main(argv=None) -> int:
         print(results[0].line())
     else:
         print(f"collected {len(ids)} tests", flush=True)
-        results = run_all(ids, args, parallel, utils, out_root)
+        results = run_all(ids, args, parallel, utils, out_root, single)
     line = summary_line(results)
     if args.json:
         Path(args.json).write_text(json.dumps(
@@ -397,10 +427,11 @@ def main(argv=None) -> int:
     return 0 if all(r.outcome in ("PASSED", "SKIPPED") for r in results) else 1
 
 
-def run_all(ids, args, parallel: Path, utils: Path, out_root: Path) -> list[TestResult]:
+def run_all(ids, args, parallel: Path, utils: Path, out_root: Path,
+            single: bool = False) -> list[TestResult]:
     """Runs every test (``--jobs`` at once), printing each verdict as it comes; results in
     collection order."""
-    launcher = find_launcher()
+    launcher = [] if single else find_launcher()
     results: dict[str, TestResult] = {}
     lock = threading.Lock()
     width = len(str(len(ids)))

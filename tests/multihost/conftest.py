@@ -41,6 +41,12 @@ def bed2():
 
 
 @pytest.fixture
+def bed3():
+    """Three hosts, h0, h1 and h2, on one bridge."""
+    yield from _bed(n_hosts=3)
+
+
+@pytest.fixture
 def bed2_mgmt():
     """Two hosts whose management links (mgmt0) reach only the root namespace."""
     yield from _bed(n_hosts=2, mgmt_links=True)

@@ -40,7 +40,7 @@ class BedJob:
     """A ``spark_hvd.runner`` job over ssh on the bed's hosts, its output read as it comes."""
 
     def __init__(self, bed: Bed, report_dir: Path, args: list, env: dict,
-                 ranks_per_host: int = 2):
+                 ranks_per_host: int = 2, worker: Path = WORKER, launcher_args=()):
         access = bed.start_sshd()
         self.report_dir = report_dir
         self.bed = bed
@@ -49,7 +49,8 @@ class BedJob:
         hosts = ",".join(f"{h.addr}:{ranks_per_host}" for h in bed.hosts)
         self.np = ranks_per_host * len(bed.hosts)
         self.argv = [PY, "-m", "spark_hvd.runner", "-np", str(self.np), "-H", hosts,
-                     "-i", access.identity_file, PY, str(WORKER), *[str(a) for a in args]]
+                     "-i", access.identity_file, *[str(a) for a in launcher_args],
+                     PY, str(worker), *[str(a) for a in args]]
         full_env = {k: v for k, v in os.environ.items()
                     if not k.startswith(("SPARK_HVD_", "HOROVOD_"))}
         full_env.update({"PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1",

@@ -1,5 +1,5 @@
 """Horovod API coverage, one mode per launch (each mode calls init itself): hvd.elastic states
-and refusals (torch, Keras), keras load_model(legacy_opts=), init(process_sets="dynamic"),
+(torch, Keras), keras load_model(legacy_opts=), init(process_sets="dynamic"),
 HOROVOD_TIMELINE=DYNAMIC with start_timeline / stop_timeline, HOROVOD_* warnings once per
 process, and the environment the launcher's Horovod flags give the ranks.
 
@@ -17,12 +17,11 @@ from _wutil import Checks
 
 def elastic_torch(c):
     """TorchState / ObjectState: sync() gives every rank rank 0's model, optimizer and
-    objects; restore() undoes changes since the last commit(); run and ElasticSampler refuse
-    naming the alternative."""
+    objects; restore() undoes changes since the last commit(); run syncs and calls once
+    outside an elastic job; ElasticSampler refuses naming the alternative."""
     import torch
 
     import spark_hvd.torch as hvd
-    from spark_hvd.common.elastic import ElasticNotSupportedError
     hvd.init()
     rank = hvd.rank()
     torch.manual_seed(rank)  # different weights on every rank
@@ -54,13 +53,15 @@ def elastic_torch(c):
     obj.sync()
     c.check(obj.step == 0, f"ObjectState.sync gave {obj.step}")
 
-    def decorate():
-        @hvd.elastic.run
-        def train(state):
-            return state
+    calls = []
 
-    c.raises("elastic.run", ElasticNotSupportedError, decorate,
-             match=["hvd.elastic.run", "not implemented", "fixed-size job", "checkpoint"])
+    @hvd.elastic.run
+    def train(state, x):
+        calls.append(x)
+        return state.epoch
+
+    # Outside an elastic job: sync, then one call (a lost peer would end the job as usual).
+    c.check(train(state, 5) == 11 and calls == [5], f"elastic.run gave {calls}")
     c.raises("ElasticSampler", NotImplementedError, hvd.elastic.ElasticSampler, range(4),
              match=["DistributedSampler"])
     hvd.shutdown()
@@ -68,7 +69,7 @@ def elastic_torch(c):
 
 def elastic_keras(c, workdir):
     """KerasState (spark_hvd.keras and spark_hvd.tensorflow.keras) syncs, restores and
-    commits; the state callbacks update it during fit; TensorFlow's elastic.run refuses;
+    commits; the state callbacks update it during fit; TensorFlow's elastic.run runs once;
     load_model(legacy_opts=False) loads and wraps, legacy_opts=True is a clear error."""
     import keras
     import tensorflow as tf
@@ -117,9 +118,9 @@ def elastic_keras(c, workdir):
     c.check((fit_state.epoch, fit_state.batch) == (2, 0),
             f"callbacks left epoch {fit_state.epoch}, batch {fit_state.batch}")
 
-    from spark_hvd.common.elastic import ElasticNotSupportedError
-    c.raises("tensorflow elastic.run", ElasticNotSupportedError, tfhvd.elastic.run, lambda s: s,
-             match=["fixed-size job"])
+    calls = []
+    tfhvd.elastic.run(lambda s, x: calls.append(x))(fit_state, 7)
+    c.check(calls == [7], f"tensorflow elastic.run outside an elastic job called {calls}")
 
     path = os.path.join(workdir, f"model.{rank}.keras")
     fit_model.save(path)

@@ -1,0 +1,1 @@
+"""Horovod's ``horovod.runner.common`` module paths (see ``util``)."""

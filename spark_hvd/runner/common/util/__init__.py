@@ -1,0 +1,1 @@
+"""Horovod's ``horovod.runner.common.util`` module paths (``config_parser``)."""

@@ -1,0 +1,108 @@
+"""Elastic jobs on the multi-host bed: 3 hosts x 1 rank, the launcher in the root namespace
+starting the workers over ssh (``tests/workers/elastic_train.py``: NumPy SGD, every step
+committed). A host whose processes are killed, a host whose link goes down (no FIN, no RST:
+only the peer timeout tells), and rank 0's host lost: the survivors go on from their last
+commit at size 2, their new rank 0 holding the state, and agree bitwise at the end.
+
+The workers print ``time.time()`` (every namespace shares the machine's clock): the test
+compares the survivors' failed collective (``RESTORE t=``) with its own time of the fault."""
+
+from __future__ import annotations
+
+import re
+import signal
+import time
+
+import pytest
+
+from test_lost_hosts import REPO, BedJob
+
+WORKER = REPO / "tests" / "workers" / "elastic_train.py"
+PEER_TIMEOUT = 4.0
+# The kernel's probe interval and Python's error path on a loaded 2-core machine.
+SLACK = 2.0
+
+
+def fields(job, word):
+    out = []
+    for line in job.lines:
+        m = re.match(rf"\[\S+\]<stdout>: {word} (.*)", line)
+        if m:
+            out.append(dict(kv.split("=", 1) for kv in m.group(1).split()))
+    return out
+
+
+def start(bed, tmp_path, steps=200):
+    return BedJob(bed, tmp_path, ["--steps", steps, "--sleep", "0.05", "--timed"],
+                  {"SPARK_HVD_PEER_TIMEOUT_SECONDS": PEER_TIMEOUT,
+                   "SPARK_HVD_KILL_GRACE_SECONDS": "2"},
+                  ranks_per_host=1, worker=WORKER,
+                  launcher_args=["--min-np", "2", "--elastic-timeout", "60"])
+
+
+def finish(job, survivors: set[str], fault_at: float, bound: float | None):
+    rc = job.wait_exit(timeout=120)
+    assert rc == 0, job.describe()
+    ok = fields(job, "OK")
+    assert {f["size"] for f in ok} == {"2"} and len(ok) == 2, job.describe()
+    assert len({f["hash"] for f in ok}) == 1, job.describe()  # bitwise the same
+    assert {f["wid"].split("/")[0] for f in ok} == survivors, job.describe()
+    after = [s for s in fields(job, "STEP") if s["size"] == "2"]
+    assert after, job.describe()
+    took = float(after[0]["t"]) - fault_at
+    print(f"first step at size 2 {took:.2f} s after the fault")
+    if bound is not None:
+        restored = [float(r["t"]) - fault_at for r in fields(job, "RESTORE")]
+        print(f"survivors' collectives failed after {restored} s")
+        assert restored and max(restored) <= bound, job.describe()
+    return ok
+
+
+def cut_link(bed, tmp_path, host, survivors):
+    """Takes ``host``'s link down mid-training; the survivors must finish at size 2, their
+    collective failed within the peer timeout + 1 s (+ slack); nothing is left in ``host``
+    once its link is back. Returns the job and the survivors' final markers."""
+    job = start(bed, tmp_path)
+    job.wait_for(r"STEP rank=\d size=3 step=20 ", 3, timeout=120)
+    fault_at = time.time()
+    bed.link_down(host)
+    try:
+        ok = finish(job, survivors, fault_at, bound=PEER_TIMEOUT + 1 + SLACK)
+    finally:
+        bed.link_up(host)
+    job.assert_nothing_left(host, timeout=40)
+    return job, ok
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_host_processes_killed(bed3, tmp_path):
+    """Every process of h2 (its sshd too) SIGKILLed mid-training: the survivors' collective
+    fails at once, they re-form at size 2 and finish."""
+    h0, h1, h2 = bed3.hosts
+    job = start(bed3, tmp_path)
+    job.wait_for(r"STEP rank=\d size=3 step=20 ", 3, timeout=120)
+    fault_at = time.time()
+    bed3.signal_host(h2, signal.SIGKILL)
+    finish(job, {h0.addr, h1.addr}, fault_at, bound=SLACK)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_host_link_cut(bed3, tmp_path):
+    """h2's link goes down mid-training (its processes live on, silent): the survivors'
+    collective fails within the peer timeout + 1 s (+ slack), the driver sees h2's listener
+    time out, and the survivors finish at size 2."""
+    h0, h1, h2 = bed3.hosts
+    job, ok = cut_link(bed3, tmp_path, h2, {h0.addr, h1.addr})
+    assert any(f"blacklisted host {h2.addr}" in line for line in job.lines), job.describe()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_rank0_host_lost(bed3, tmp_path):
+    """Rank 0's host (h0) cut off: h1's worker becomes rank 0, holding the state it committed,
+    and the job finishes on h1 and h2."""
+    h0, h1, h2 = bed3.hosts
+    job, ok = cut_link(bed3, tmp_path, h0, {h1.addr, h2.addr})
+    assert {f["rank"]: f["wid"].split("/")[0] for f in ok} == {"0": h1.addr, "1": h2.addr}
