@@ -34,8 +34,8 @@ def rank_env(stdout, rank=0):
 
 @pytest.mark.timeout(90)
 def test_elastic_torch_states_and_refusals():
-    """TorchState / ObjectState sync, commit and restore on 2 ranks; hvd.elastic.run and
-    ElasticSampler raise naming a fixed-size job and checkpoints."""
+    """TorchState / ObjectState sync, commit and restore on 2 ranks; hvd.elastic.run raises
+    naming a fixed-size job and checkpoints; ElasticSampler shards the dataset."""
     run_job(2, "horovod_api", "elastic_torch", transport="shm", timeout=80).assert_ok(2)
 
 
