@@ -30,8 +30,9 @@ __all__ = ["ElasticNotSupportedError", "ObjectState", "State", "TensorFlowKerasS
            "TensorFlowState", "run", "run_fn"]
 
 # Where a TensorFlow op error carries the core's HorovodInternalError: the native op's status
-# message starts with it, a tf.numpy_function's names the Python exception on a line of its own.
-_INTERNAL_LINE = re.compile(r"^HorovodInternalError: (.*)$", re.MULTILINE)
+# message starts with it, a tf.numpy_function's names the Python exception (possibly with its
+# module) at the start of a line of its own.
+_INTERNAL_LINE = re.compile(r"^(?:[\w.]+\.)?HorovodInternalError: (.*)$", re.MULTILINE)
 
 
 def internal_error(error):

@@ -370,6 +370,9 @@ def tf_lost_peer(c):
     c.raises("fit after a lost peer", hvd.HorovodInternalError, raising_internal_errors(fit))
     c.check(internal_error(tf.errors.UnknownError(None, None, "something else")) is None,
             "an unrelated UnknownError taken for a lost peer")
+    qualified = internal_error(tf.errors.UnknownError(
+        None, None, "x\nspark_hvd.common.exceptions.HorovodInternalError: why\nTraceback"))
+    c.check(str(qualified) == "why", f"the qualified class name's line gave {qualified!r}")
     c.raises("an unrelated error propagates", tf.errors.UnknownError,
              raising_internal_errors(lambda: (_ for _ in ()).throw(
                  tf.errors.UnknownError(None, None, "other"))))
