@@ -31,7 +31,8 @@ def permutation(num_samples, shuffle, seed, epoch):
     """The order of an epoch's samples (the same on every rank)."""
     if not shuffle:
         return np.arange(num_samples, dtype=np.int64)
-    return np.random.default_rng(seed + epoch).permutation(num_samples).astype(np.int64)
+    order = np.random.default_rng(seed + epoch).permutation(num_samples)
+    return order.astype(np.int64, copy=False)
 
 
 class Partition:
@@ -70,7 +71,7 @@ class Partition:
             free = np.concatenate([free[done[free]], free[~done[free]]])
             borrowed = free[:pad]
         filler = np.resize(remaining, pad - len(borrowed))  # only when the dataset is tiny
-        order = np.concatenate([remaining, borrowed, filler]).astype(np.int64)
+        order = np.concatenate([remaining, borrowed, filler]).astype(np.int64, copy=False)
         return cls(epoch, size, rank, done, ahead, order, len(remaining), len(borrowed))
 
     def indices(self, rank=None):
