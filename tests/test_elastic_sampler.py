@@ -81,7 +81,7 @@ def check_shards(workers, dataset_size):
     part = workers[0].sampler._partition
     for w in workers:
         assert np.array_equal(w.sampler._partition.order, part.order)
-    shards = [w.sampler.indices() for w in workers]
+    shards = [w.sampler.shard() for w in workers]
     assert len({len(s) for s in shards}) == 1
     assert sorted(np.concatenate(shards).tolist()) == sorted(part.order.tolist())
     unprocessed = set(range(dataset_size)) - set(np.flatnonzero(part.done).tolist())
@@ -249,13 +249,13 @@ def test_lost_rank_committed_samples_are_not_repeated():
         step(workers, 2)
     for w in workers:
         w.commit()
-    lost_samples = set(workers[2].sampler.indices()[:4].tolist())
+    lost_samples = set(workers[2].sampler.shard()[:4].tolist())
     step(workers, 2)  # not committed: redone
     survivors = workers[:2]
     for w in survivors:
         w.restore()
     form(survivors)
-    left = set(np.concatenate([w.sampler.indices() for w in survivors]).tolist())
+    left = set(np.concatenate([w.sampler.shard() for w in survivors]).tolist())
     assert not lost_samples & left
     assert survivors[0].sampler.processed_num == 12
     assert len(left) == 30 - 12
@@ -355,7 +355,7 @@ def test_state_dict_round_trip_and_horovod_form():
     t = ElasticSamplerCore(50, True, 4, lambda: (0, 2))
     t.load_state_dict(d)
     assert t.processed_num == 15 and len(t) == 18
-    assert not set(t.indices().tolist()) & set(s.indices()[:5].tolist())
+    assert not set(t.indices) & set(s.indices[:5])
     h = ElasticSamplerCore(50, True, 4, lambda: (0, 1))
     h.load_state_dict({"epoch": 2, "processed_num": 10})  # a Horovod checkpoint
     assert h.processed_num == 10 and h.remaining_indices == s.remaining_indices[10:]

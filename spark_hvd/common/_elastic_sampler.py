@@ -178,12 +178,17 @@ class ElasticSamplerCore:
         """Splits what is left of the epoch over the current ranks (after every reset)."""
         self._repartition(*self._partition.fold(self._cursor))
 
-    def indices(self):
-        """This rank's samples in the current partition."""
+    def shard(self):
+        """This rank's samples in the current split (a NumPy array)."""
         return self._partition.indices()
 
+    @property
+    def indices(self):
+        """This rank's samples in the current split, as a list (Horovod's attribute)."""
+        return self.shard().tolist()
+
     def __iter__(self):
-        return iter(self.indices().tolist())
+        return iter(self.indices)
 
     def __len__(self):
         return self._partition.per_rank
