@@ -77,7 +77,8 @@ def form(workers):
 def check_shards(workers, dataset_size):
     """The ranks' shards: every rank computed the same split, of equal lengths, holding this
     epoch's unprocessed samples each exactly once, padded with distinct samples of the next
-    epoch (fillers only when the dataset is smaller than the number of ranks)."""
+    epoch (fillers only when the next epoch has none left to lend: a dataset about as small as
+    the number of ranks)."""
     part = workers[0].sampler._partition
     for w in workers:
         assert np.array_equal(w.sampler._partition.order, part.order)
@@ -89,8 +90,8 @@ def check_shards(workers, dataset_size):
     borrowed = part.order[part.real:part.real + part.borrowed]
     assert len(set(borrowed.tolist())) == len(borrowed)
     assert not part.ahead[borrowed].any()
-    if dataset_size >= len(workers):
-        assert part.real + part.borrowed == len(part.order), "fillers in a large dataset"
+    if part.real + part.borrowed < len(part.order):  # fillers only once nothing is left to lend
+        assert part.borrowed == dataset_size - np.count_nonzero(part.ahead), "needless fillers"
 
 
 def committed_counts(worker, dataset_size):

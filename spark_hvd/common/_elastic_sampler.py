@@ -15,7 +15,8 @@ Padding: when the remaining samples do not divide evenly, the tail is filled wit
 *borrowed from the next epoch's permutation* (those already processed in this epoch first, so a
 step rarely sees one sample twice) instead of repeating this epoch's samples; they are kept in
 a second bitmap (``ahead``) and count as processed when the next epoch begins. Only when the
-dataset is smaller than the number of ranks do fillers repeat a sample (not counted anywhere).
+next epoch has no sample left to lend (a dataset about as small as the number of ranks) do
+fillers repeat a sample (not counted anywhere).
 
 A sync sends rank 0's bitmaps to everyone; a fingerprint of each rank's progress, compared
 before, catches ranks that called ``record_batch`` unevenly (progress would otherwise be lost
