@@ -35,7 +35,7 @@ def rank_env(stdout, rank=0):
 @pytest.mark.timeout(90)
 def test_elastic_torch_states_and_refusals():
     """TorchState / ObjectState sync, commit and restore on 2 ranks; hvd.elastic.run syncs
-    and runs once in a fixed-size job; ElasticSampler raises naming DistributedSampler."""
+    and runs once in a fixed-size job; ElasticSampler shards the dataset."""
     run_job(2, "horovod_api", "elastic_torch", transport="shm", timeout=80).assert_ok(2)
 
 

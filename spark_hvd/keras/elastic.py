@@ -1,9 +1,15 @@
-"""Horovod's ``horovod.keras.elastic`` / ``horovod.tensorflow.keras.elastic`` on spark_hvd.
+"""Horovod's ``horovod.keras.elastic`` / ``horovod.tensorflow.keras.elastic`` on spark_hvd:
+``KerasState`` (see :mod:`spark_hvd.tensorflow.elastic`) and the callbacks that commit the
+state and keep its ``epoch`` and ``batch`` during ``model.fit``.
 
-``KerasState`` and the callbacks work in a fixed-size job; ``run`` needs elastic training,
-which is not implemented yet, and raises
-:class:`~spark_hvd.common.elastic.ElasticNotSupportedError` naming the alternatives (see
-:mod:`spark_hvd.common.elastic`).
+    state = hvd.elastic.KerasState(model, batch=0, epoch=0)
+
+    @hvd.elastic.run
+    def train(state):
+        model.fit(data, steps_per_epoch=steps, epochs=epochs - state.epoch, callbacks=[
+            hvd.elastic.UpdateEpochStateCallback(state),
+            hvd.elastic.UpdateBatchStateCallback(state),
+            hvd.elastic.CommitStateCallback(state)])
 """
 
 import keras
@@ -30,7 +36,8 @@ class KerasState(TensorFlowKerasState):
 
 
 class CommitStateCallback(keras.callbacks.Callback):
-    """Commits ``state`` every ``batches_per_commit`` batches and at the end of every epoch."""
+    """Commits ``state`` every ``batches_per_commit`` batches and at the end of every epoch,
+    through :meth:`commit` (override it to add work to each commit, as in Horovod)."""
 
     def __init__(self, state, batches_per_commit=1):
         super().__init__()
@@ -39,24 +46,42 @@ class CommitStateCallback(keras.callbacks.Callback):
         self.batches_remaining = batches_per_commit
 
     def on_train_begin(self, logs=None):
+        # Every rank starts counting again after a reset, so the ranks commit together.
         self.batches_remaining = self.batches_per_commit
 
     def on_train_batch_end(self, batch, logs=None):
         self.batches_remaining -= 1
         if self.batches_remaining == 0:
-            self.state.commit()
+            self.commit()
             self.batches_remaining = self.batches_per_commit
 
     def on_epoch_end(self, epoch, logs=None):
+        self.commit()
+
+    def commit(self):
+        """Commits the state (``state.commit()``)."""
         self.state.commit()
 
 
 class UpdateBatchStateCallback(keras.callbacks.Callback):
-    """Keeps ``state.batch`` at the last finished batch of the epoch (0 after an epoch)."""
+    """Keeps ``state.batch`` at the index of the last finished batch of the epoch (0 after an
+    epoch), as Horovod's. With ``steps_per_epoch`` set, the first epoch after a reset shows
+    ``steps - state.batch`` steps in ``params['steps']``, as Horovod's; Keras 3 still runs the
+    full ``steps_per_epoch`` (a callback cannot shorten an epoch there)."""
 
     def __init__(self, state):
         super().__init__()
         self.state = state
+        self.steps_per_epoch = None
+
+    def on_train_begin(self, logs=None):
+        self.steps_per_epoch = None
+
+    def on_epoch_begin(self, epoch, logs=None):
+        if self.params and self.params.get("steps"):
+            if self.steps_per_epoch is None:
+                self.steps_per_epoch = self.params["steps"]
+            self.params["steps"] = self.steps_per_epoch - self.state.batch
 
     def on_train_batch_end(self, batch, logs=None):
         self.state.batch = batch
@@ -66,16 +91,29 @@ class UpdateBatchStateCallback(keras.callbacks.Callback):
 
 
 class UpdateEpochStateCallback(keras.callbacks.Callback):
-    """Keeps ``state.epoch`` at the number of finished epochs, counted from the value it had
-    when training began."""
+    """Keeps ``state.epoch`` at the number of finished epochs, across resets.
+
+    Works with both ways of resuming ``fit`` after a reset: ``fit(epochs=E - state.epoch)``
+    (Keras counts epochs from 0) and ``fit(initial_epoch=state.epoch, epochs=E)`` (Keras counts
+    from ``state.epoch``): the offset between Keras's epoch and ``state.epoch`` is taken at the
+    first epoch of each ``fit``. Horovod's added ``state.epoch`` to Keras's epoch in both cases,
+    counting the epochs before the reset twice with ``initial_epoch`` (Horovod #2844).
+    """
 
     def __init__(self, state):
         super().__init__()
         self.state = state
         self.initial_epoch = state.epoch
+        self._offset = None
 
     def on_train_begin(self, logs=None):
         self.initial_epoch = self.state.epoch
+        self._offset = None
+
+    def on_epoch_begin(self, epoch, logs=None):
+        if self._offset is None:
+            self._offset = self.state.epoch - epoch
 
     def on_epoch_end(self, epoch, logs=None):
-        self.state.epoch = self.initial_epoch + epoch + 1
+        offset = self._offset if self._offset is not None else self.initial_epoch
+        self.state.epoch = offset + epoch + 1

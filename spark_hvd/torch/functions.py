@@ -143,10 +143,16 @@ def broadcast_optimizer_state(optimizer, root_rank, prefix="Parameter.",
         process_set = global_process_set
     if not process_set.included():
         return
+    base = _auto_name("broadcast_optimizer_state", None, process_set_id(process_set))
+    _broadcast_optimizer_state(optimizer, root_rank, base, prefix, process_set)
+
+
+def _broadcast_optimizer_state(optimizer, root_rank, base, prefix, process_set):
+    """:func:`broadcast_optimizer_state` with its ops named after ``base`` (the elastic state
+    names them itself: a newcomer's unnamed-op counters differ from a survivor's)."""
     if not optimizer.state:
         _zero_missing_grads(optimizer)
     me = rank()
-    base = _auto_name("broadcast_optimizer_state", None, process_set_id(process_set))
     tensors = []
     skeleton = None
     if me == root_rank:
