@@ -123,14 +123,13 @@ class ElasticJob:
             return _net.route_address(host)
 
         def env_for(spec):
-            local = self.is_local(spec.host)
             everyone_local = all(self.is_local(h) for h in hosts.current_hosts.
                                  host_assignment_order)
             addr = address_for(spec.host)
             return elastic_env(
                 self.base_env, spec, rendezvous_addr=f"[{addr}]:{port}" if ":" in addr
                 else f"{addr}:{port}", secret_hex=secret_hex, job_id=job_id,
-                bind_addr=_env.bind_address(spec.host, local, everyone_local, self.interface_ip),
+                bind_addr=_env.bind_address(spec.host, everyone_local),
                 start_timeout=self.start_timeout, elastic_timeout=self.elastic_timeout,
                 config=config)
 

@@ -516,9 +516,8 @@ def _run_elastic(args: argparse.Namespace, command: list[str] | None = None,
 def _elastic_interface_address(args: argparse.Namespace) -> str | None:
     """This machine's address on the pinned interface, when it has it (the store listens
     there); None without a pinned interface or when this machine lacks it."""
-    here = [_hosts.SlotInfo("localhost", 0, 1, 0, 1, 0, 1)]
     try:
-        return launcher_interface_address(args, here)
+        return launcher_interface_address(args, {"localhost": True})
     except ValueError:
         return None
 
