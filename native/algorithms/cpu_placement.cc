@@ -9,10 +9,8 @@ namespace shvd {
 namespace {
 // A published word is (collective << 16) | (CPU + 1).
 constexpr uint64_t kCpuBits = 0xffff;
+}  // namespace
 
-// Moves the calling thread off `cpu` to another CPU of its affinity mask, preferring one that
-// `taken` (CPUs other members run on) does not name, and restores the mask: a one-off
-// migration, not pinning. False when the mask allows no other CPU.
 bool move_to_other_cpu(int cpu, const cpu_set_t& taken) {
   cpu_set_t allowed;
   if (sched_getaffinity(0, sizeof allowed, &allowed) != 0) return false;
@@ -32,7 +30,6 @@ bool move_to_other_cpu(int cpu, const cpu_set_t& taken) {
   sched_setaffinity(0, sizeof allowed, &allowed);
   return true;
 }
-}  // namespace
 
 CpuPlacement::CpuPlacement(std::vector<std::atomic<uint64_t>*> words, int me)
     : words_(std::move(words)), me_(me) {}

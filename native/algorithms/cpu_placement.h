@@ -7,11 +7,18 @@
 // migration, not pinning).
 #pragma once
 
+#include <sched.h>
+
 #include <atomic>
 #include <cstdint>
 #include <vector>
 
 namespace shvd {
+
+// Moves the calling thread off `cpu` to another CPU of its affinity mask, preferring one that
+// `taken` does not name, and restores the mask: a one-off migration, not pinning. False when
+// the mask allows no other CPU.
+bool move_to_other_cpu(int cpu, const cpu_set_t& taken);
 
 class CpuPlacement {
  public:

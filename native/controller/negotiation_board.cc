@@ -1,5 +1,7 @@
 #include "negotiation_board.h"
 
+#include <sched.h>
+
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
@@ -35,6 +37,7 @@ uint64_t log_capacity(uint32_t ids) {
 struct alignas(64) RankSlot {
   std::atomic<uint64_t> consumed;
   std::atomic<uint32_t> sleeping;
+  std::atomic<uint32_t> cpu;  // + 1, as publish_cpu last saw it (0: unknown)
 };
 
 struct BoardLayout {
@@ -254,6 +257,15 @@ bool NegotiationBoard::fuses(uint64_t position) const {
 
 void NegotiationBoard::consumed(uint64_t position) {
   layout_->ranks[rank_].consumed.store(position, std::memory_order_release);
+}
+
+void NegotiationBoard::publish_cpu() {
+  const int cpu = sched_getcpu();
+  layout_->ranks[rank_].cpu.store(cpu >= 0 ? uint32_t(cpu) + 1 : 0, std::memory_order_relaxed);
+}
+
+int NegotiationBoard::cpu_of(int rank) const {
+  return int(layout_->ranks[rank].cpu.load(std::memory_order_relaxed)) - 1;
 }
 
 void NegotiationBoard::set_sleeping(bool sleeping) {

@@ -99,6 +99,13 @@ class NegotiationBoard {
   // Announce sleep (then re-check for work before blocking) and end it.
   void set_sleeping(bool sleeping);
 
+  // --- Where the ranks' threads run ---------------------------------------------------------
+  // The CPU the calling thread is on, for the others to read (cpu_of: -1 when unknown). A
+  // thread that waits for peers on the board (engine/fast_path.cc) moves off a CPU that a
+  // missing peer was last seen on.
+  void publish_cpu();
+  int cpu_of(int rank) const;
+
  private:
   NegotiationBoard(BoardLayout* layout, size_t bytes, std::string name, int rank, int size,
                    uint32_t ids);

@@ -172,6 +172,9 @@ class Engine : public gpu::GpuPath::Host {
   bool run_here(Entry& entry);
   bool on_engine_thread() const { return std::this_thread::get_id() == thread_.get_id(); }
   bool control_readable();  // a control link has bytes to read (never blocks)
+  // run_here, waiting for the peers' arrivals on cache id `id`: moves off a CPU that a missing
+  // peer was last seen on.
+  void spread_from_missing_peers(uint32_t id, uint64_t members);
 
  public:
   // Ops that ran on their caller's thread (run_here) since init.

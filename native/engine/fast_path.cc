@@ -15,18 +15,22 @@
 #include <sched.h>
 #include <unistd.h>
 
+#include "../algorithms/cpu_placement.h"
 #include "../mpi/mpi_backend.h"
 #include "engine.h"
 
 namespace shvd {
 
 namespace {
-// How long the calling thread executes the log for its op (spinning, then yielding) before it
-// leaves the rest to the engine thread and sleeps. A late peer costs a thread that gave up two
-// wake-ups (the engine's, then its own), which delay its next op, so the peer gives up on that
-// one in turn: with 0.2 ms here, a loaded 2-core host fell into that mode for whole runs (every
-// op ~0.2-0.5 ms). 2 ms covers a peer that was descheduled for a while; Open MPI polls forever.
-constexpr std::chrono::microseconds kRunHereSpin{2000};
+// How the calling thread waits for its peers' arrivals: it spins briefly, then yields, and
+// after kRunHereWait leaves the op to the engine thread and sleeps. Given up after 0.2 ms, the
+// two wake-ups of the engine's path (the engine's, then this thread's) made the next op late
+// too, so each rank gave up in turn, every op ~0.2-0.5 ms for whole runs on a loaded 2-core
+// host; sleeping on the board instead (woken by the appender) was slower still there (wake-ups
+// took ~1 ms). Open MPI polls forever.
+constexpr int kRunHereSpinTurns = 256;
+constexpr std::chrono::microseconds kRunHereSpread{20};
+constexpr std::chrono::milliseconds kRunHereWait{2};
 
 inline void cpu_relax() {
 #if defined(__x86_64__) || defined(__i386__)
@@ -45,6 +49,27 @@ bool Engine::control_readable() {
   return n > 0 && poll(fds, n, 0) > 0;
 }
 
+void Engine::spread_from_missing_peers(uint32_t id, uint64_t members) {
+  // A wake-up puts the woken thread on its waker's CPU, so two ranks' threads can end up
+  // sharing one CPU while the other runs something else; spinning, this one would then keep
+  // the peer it waits for off the CPU. Move away from a missing peer's last CPU (once per op,
+  // like the shared-memory group's placement, algorithms/cpu_placement.h).
+  const uint64_t missing = members & ~board_->waiting(id) & ~(1ull << options_.rank);
+  if (!missing || board_->waiting(id) == 0) return;  // completed meanwhile: nothing to wait for
+  const int mine = sched_getcpu();
+  bool shared = false;
+  cpu_set_t taken;
+  CPU_ZERO(&taken);
+  for (int r = 0; r < options_.size; ++r) {
+    if (r == options_.rank) continue;
+    const int c = board_->cpu_of(r);
+    if (c < 0 || c >= CPU_SETSIZE) continue;
+    CPU_SET(c, &taken);
+    shared = shared || (c == mine && (missing >> r & 1));
+  }
+  if (shared && move_to_other_cpu(mine, taken)) board_->publish_cpu();
+}
+
 bool Engine::run_here(Entry& entry) {
   // The engine thread holds it for a cycle at a time, which never waits for a user thread;
   // whatever it is executing comes before this op in the log anyway.
@@ -60,6 +85,7 @@ bool Engine::run_here(Entry& entry) {
 
   // From here on the op is in the engine's tables: whoever holds the executor lock runs it.
   running_here_.fetch_add(1);
+  board_->publish_cpu();
   // A sleeping engine thread need not be woken by the peers' appends while this thread reads
   // the log (a system call on their side each time).
   if (sleeping_.load()) board_->set_sleeping(false);
@@ -79,7 +105,8 @@ bool Engine::run_here(Entry& entry) {
       engine_needed = options_.rank == 0;
     } else {
       if (!completed.empty()) board_->append(completed.data(), completed.size());
-      const auto give_up = Clock::now() + kRunHereSpin;
+      const auto start = Clock::now();
+      bool spread = false;
       for (int turn = 0; !state->done.load(std::memory_order_acquire); ++turn) {
         const uint64_t before = board_read_.load(std::memory_order_relaxed);
         read_board();
@@ -90,13 +117,20 @@ bool Engine::run_here(Entry& entry) {
              !board_has_work()) ||
             ((turn & 255) == 255 && options_.rank == 0 && control_readable()))
           progress();
-        if ((turn & 63) == 63) {
-          // Other threads queued ops for the engine thread: let it run (this op's turn comes
-          // in the log's order either way).
-          if (work_pending_.load(std::memory_order_relaxed) || Clock::now() > give_up) break;
+        if (turn < kRunHereSpinTurns) {
+          cpu_relax();
+          continue;
         }
-        if (turn < 256) cpu_relax();
-        else sched_yield();  // the peer we wait for may need this core
+        // Other threads queued ops for the engine thread: let it run (this op's turn comes
+        // in the log's order either way).
+        if (work_pending_.load(std::memory_order_relaxed)) break;
+        const auto waited = Clock::now() - start;
+        if (waited > kRunHereWait) break;
+        if (!spread && waited > kRunHereSpread) {
+          spread = true;
+          spread_from_missing_peers(uint32_t(cached), answer->members);
+        }
+        sched_yield();  // the peer we wait for may need this core
       }
     }
   } catch (const std::exception& e) {
