@@ -13,7 +13,7 @@ pytest.importorskip("pyspark")
 pa = pytest.importorskip("pyarrow")
 
 from spark_hvd.estimators import _progress  # noqa: E402
-from spark_hvd.estimators._transform import arrow_to_numpy, reshape_batch  # noqa: E402
+from spark_hvd.estimators._arrays import arrow_to_numpy, reshape_batch  # noqa: E402
 
 
 def _event(kind, **fields):

@@ -14,6 +14,7 @@ from pyspark.ml import Estimator, Model
 from . import _params, _tracking
 from ._persistence import Persistable
 from ._progress import ProgressSink
+from ._training import RankEntry
 
 
 class Backend:
@@ -91,20 +92,6 @@ def run_on(backend, fn, args, env, spark, stdout):
     if isinstance(backend, SparkBackend):
         return backend.run(fn, args=args, env=env, stdout=stdout, spark=spark)
     return backend.run(fn, args=args, kwargs={}, env=env)
-
-
-class RankEntry:
-    """What each rank runs: Horovod's per-rank setup (``mp_start_method``), then the
-    framework's training function ``trainer(config, resume)``."""
-
-    def __init__(self, trainer, mp_start_method=None):
-        self.trainer, self.mp_start_method = trainer, mp_start_method
-
-    def __call__(self, config, resume):
-        if self.mp_start_method is not None:
-            import multiprocessing
-            multiprocessing.set_start_method(self.mp_start_method, force=True)
-        return self.trainer(config, resume)
 
 
 def num_processes_of(backend, spark) -> int:

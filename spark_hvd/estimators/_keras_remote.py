@@ -1,6 +1,5 @@
-"""The rank side of KerasEstimator (the training each Spark task's rank runs, and the predictor
-``KerasModel.transform`` runs in Spark's Python workers), and the Keras (de)serialisation the
-driver and the ranks share.
+"""The rank side of KerasEstimator (the training each Spark task's rank runs), and the Keras
+(de)serialisation the driver, the ranks and ``KerasModel.transform``'s predictor share.
 
 Models cross processes in Keras' own ``.keras`` format, never pickled: the format is what Keras
 keeps loadable, and ``custom_objects`` apply to it. Optimizers, losses and metrics that are
@@ -166,56 +165,6 @@ class SavedModel:
         return model
 
 
-# -- prediction (KerasModel.transform) -------------------------------------------------------
-
-def _limit_threads(threads: int) -> None:
-    import tensorflow as tf
-    try:
-        tf.config.threading.set_intra_op_parallelism_threads(threads)
-        tf.config.threading.set_inter_op_parallelism_threads(threads)
-    except RuntimeError:   # TensorFlow already started in this process: keep its setting
-        pass
-
-
-def as_list(outputs, model) -> list:
-    """A model's outputs (one array, a list, or a dict by output name) as a list."""
-    if isinstance(outputs, dict):
-        return [outputs[name] for name in model.output_names]
-    if isinstance(outputs, (list, tuple)):
-        return list(outputs)
-    return [outputs]
-
-
-class KerasPredictor:
-    """Loads the model (once per Spark Python worker: ``cache_key``); called with a list of
-    input arrays."""
-
-    def __init__(self, model_data: bytes, custom_objects=None):
-        # custom_objects pickled here, by the cloudpickle a user registers modules with
-        # (pickle_by_value), not by the copy vendored in PySpark that ships the UDF.
-        self.model_data = model_data
-        self.custom_objects = cloudpickle.dumps(custom_objects)
-
-    def cache_key(self) -> str:
-        import hashlib
-        digest = hashlib.sha1(self.model_data)
-        digest.update(self.custom_objects)
-        return "keras:" + digest.hexdigest()
-
-    def __call__(self):
-        import numpy as np
-
-        from ._transform import in_spark_task
-        if in_spark_task():
-            _limit_threads(1)   # one Spark task per core (the driver keeps its own)
-        model = load_model_bytes(self.model_data, cloudpickle.loads(self.custom_objects))
-
-        def predict(inputs):
-            x = inputs[0] if len(inputs) == 1 else list(inputs)
-            return [np.asarray(o) for o in as_list(model.predict_on_batch(x), model)]
-        return predict
-
-
 # -- training (what each rank runs) ----------------------------------------------------------
 
 def _batch_converter(config):
@@ -225,7 +174,7 @@ def _batch_converter(config):
     import keras
     import numpy as np
 
-    from ._transform import reshape_batch
+    from ._arrays import reshape_batch
     floatx = keras.backend.floatx()
     feature_cols, label_cols = config["feature_cols"], config["label_cols"]
     input_shapes = config["input_shapes"] or [None] * len(feature_cols)

@@ -42,7 +42,7 @@ class ShardBatches:
     for the Trainer's current epoch, with ``input_shapes`` / ``label_shapes`` applied."""
 
     def __init__(self, reader, config, current_epoch):
-        from ._transform import reshape_batch
+        from ._arrays import reshape_batch
         self.reader = reader
         self.current_epoch = current_epoch
         self.transformation_fn = config["transformation_fn"]

@@ -1,6 +1,6 @@
 """The rank side of TorchEstimator: the training loop each Spark task's rank runs, and the
-predictor ``TorchModel.transform`` runs in Spark's Python workers. Kept free of PySpark imports so
-that a rank starts fast."""
+tensor helpers the driver and ``TorchModel.transform``'s predictor share with it. Kept free of
+PySpark imports so that a rank starts fast."""
 
 from __future__ import annotations
 
@@ -43,35 +43,6 @@ def _rebuild_optimizer(blob, model):
 
 def _metric_name(metric) -> str:
     return getattr(metric, "__name__", None) or type(metric).__name__
-
-
-class TorchPredictor:
-    """Loads the model (once per Spark Python worker: ``cache_key``); called with a list of
-    input arrays."""
-
-    def __init__(self, model_blob: bytes):
-        self.model_blob = model_blob
-
-    def cache_key(self) -> str:
-        import hashlib
-        return "torch:" + hashlib.sha1(self.model_blob).hexdigest()
-
-    def __call__(self):
-        import torch
-
-        from ._transform import in_spark_task
-        if in_spark_task():
-            torch.set_num_threads(1)   # one Spark task per core (the driver keeps its own)
-        model = cloudpickle.loads(self.model_blob)
-        model.eval()
-
-        def predict(inputs):
-            with torch.inference_mode():
-                outputs = model(*[as_tensor(x) for x in inputs])
-            if not isinstance(outputs, (list, tuple)):
-                outputs = [outputs]
-            return [o.detach().cpu().numpy() for o in outputs]
-        return predict
 
 
 def _loss_functions(config):
@@ -170,7 +141,7 @@ def train_on_rank(config, resume):
     preload.start()
     import spark_hvd.torch as hvd
     from spark_hvd.estimators import _training
-    from spark_hvd.estimators._transform import reshape_batch
+    from spark_hvd.estimators._arrays import reshape_batch
 
     hvd.init()
     preload.join()

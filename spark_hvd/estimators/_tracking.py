@@ -239,7 +239,7 @@ def torch_example(model, module):
     from mlflow.types import Schema, TensorSpec
 
     from ._torch_remote import as_tensor
-    from ._transform import reshape_batch
+    from ._arrays import reshape_batch
     metadata = _param(model, "training_metadata")
     columns = list(_param(model, "feature_cols"))
     shapes = _param(model, "input_shapes") or [None] * len(columns)

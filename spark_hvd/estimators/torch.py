@@ -29,7 +29,8 @@ import cloudpickle
 
 from . import _params
 from ._base import DistributedEstimator, DistributedModel
-from ._torch_remote import TorchPredictor, _rebuild_optimizer, bytes_io, train_on_rank
+from ._torch_remote import _rebuild_optimizer, bytes_io, train_on_rank
+from ._transform import TorchPredictor
 
 __all__ = ["TorchEstimator", "TorchModel"]
 
