@@ -279,7 +279,7 @@ def test_tensorboard_logs_reach_a_store_that_is_not_local(tmp_path):
     """A Store on another filesystem (fsspec's memory://) gets copies of the event files
     after every epoch; TensorFlow is never imported for them."""
     pytest.importorskip("fsspec")
-    from spark_hvd.estimators import _tensorboard
+    from spark_hvd.estimators.rank import _tensorboard
     store = Store.create(f"memory://spark_hvd_tb_{os.getpid()}/store")
     logs = _tensorboard.RunLogs(store, "run_1")
     for step in range(1, 5):

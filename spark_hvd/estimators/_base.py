@@ -14,7 +14,7 @@ from pyspark.ml import Estimator, Model
 from . import _params, _tracking
 from ._persistence import Persistable
 from ._progress import ProgressSink
-from ._training import RankEntry
+from .rank._training import RankEntry
 
 
 class Backend:
@@ -117,7 +117,7 @@ class DistributedEstimator(Estimator, Persistable):
     # -- the fit flow --------------------------------------------------------------------------
 
     def _fit(self, df):
-        from ._prepare import prepare_data
+        from .data._prepare import prepare_data
         self._check_params(df)
         spark = df.sparkSession
         backend, num_proc = self._backend_and_size(spark)
@@ -155,7 +155,7 @@ class DistributedEstimator(Estimator, Persistable):
         return estimator._fit_on_parquet(dataset_idx, train_data, val_data)
 
     def _fit_on_parquet(self, dataset_idx, train_data, val_data):
-        from . import _prepare
+        from .data import _prepare
         self._check_params(None)
         store = self.getStore()
         spark = None   # no DataFrame: a SparkBackend uses the active session
@@ -250,7 +250,7 @@ class DistributedEstimator(Estimator, Persistable):
     def _training_config(self, metadata, run_id, num_proc, seed) -> dict:
         """Everything a rank needs, picklable; framework-specific parts are added by
         ``_framework_config``."""
-        from ._transformation import make_batch_transform
+        from .data._transformation import make_batch_transform
         batch_size = self.getBatchSize()
         # Horovod's 'dummy' pool reads in the consumer's thread: our loader with no workers.
         in_thread = self.getReaderPoolType() == "dummy"

@@ -238,8 +238,8 @@ def torch_example(model, module):
     from mlflow.models import ModelSignature
     from mlflow.types import Schema, TensorSpec
 
-    from ._torch_remote import as_tensor
-    from ._arrays import reshape_batch
+    from .data._arrays import reshape_batch
+    from .rank._torch import as_tensor
     metadata = _param(model, "training_metadata")
     columns = list(_param(model, "feature_cols"))
     shapes = _param(model, "input_shapes") or [None] * len(columns)

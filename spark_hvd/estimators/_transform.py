@@ -19,8 +19,8 @@ import uuid
 import cloudpickle
 import numpy as np
 
-from . import _columns
-from ._arrays import arrow_to_numpy, reshape_batch
+from .data import _columns
+from .data._arrays import arrow_to_numpy, reshape_batch
 
 _STRUCT = "__spark_hvd_predictions"
 
@@ -80,7 +80,7 @@ class TorchPredictor:
     def __call__(self):
         import torch
 
-        from ._torch_remote import as_tensor
+        from .rank._torch import as_tensor
         if in_spark_task():
             torch.set_num_threads(1)   # one Spark task per core (the driver keeps its own)
         model = cloudpickle.loads(self.model_blob)
@@ -130,7 +130,7 @@ class KerasPredictor:
         return "keras:" + digest.hexdigest()
 
     def __call__(self):
-        from ._keras_remote import load_model_bytes
+        from .rank._keras import load_model_bytes
         if in_spark_task():
             _limit_threads(1)   # one Spark task per core (the driver keeps its own)
         model = load_model_bytes(self.model_data, cloudpickle.loads(self.custom_objects))

@@ -29,7 +29,7 @@ import cloudpickle
 
 from . import _params
 from ._base import DistributedEstimator, DistributedModel
-from ._torch_remote import _rebuild_optimizer, bytes_io, train_on_rank
+from .rank._torch import _rebuild_optimizer, bytes_io, train_on_rank
 from ._transform import TorchPredictor
 
 __all__ = ["TorchEstimator", "TorchModel"]

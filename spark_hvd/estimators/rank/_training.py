@@ -8,7 +8,7 @@ import io
 import os
 import time
 
-from ..common import _bootstrap_contract as contract
+from ...common import _bootstrap_contract as contract
 from . import _progress
 
 KEEP_CHECKPOINTS = 2   # the newest ones: a crash while writing one still leaves the previous
@@ -31,7 +31,7 @@ class RankEntry:
 
 def make_readers(config: dict, rank: int, size: int):
     """(train reader, validation reader or None) of this rank."""
-    from .loader import ShardReader
+    from ..data._loader import ShardReader
     store, metadata = config["store"], config["metadata"]
     path = store.fs_path(store.get_data_path(metadata["data_key"]))
     columns = list(config["feature_cols"]) + list(config["label_cols"])

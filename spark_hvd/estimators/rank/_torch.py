@@ -117,7 +117,7 @@ def select_device(torch, hvd, use_gpu: bool):
     when it has one GPU); else the CPU, with one line from rank 0 if ranks given GPUs fell back
     (see :func:`_training.note_cpu_fallback`). Every rank calls it (a collective with
     ``use_gpu``)."""
-    from spark_hvd.estimators import _training
+    from spark_hvd.estimators.rank import _training
     on_gpu = use_gpu and torch.cuda.is_available()
     _training.note_cpu_fallback(hvd, use_gpu, on_gpu, _training.TORCH_NO_CUDA)
     if not on_gpu:
@@ -140,8 +140,8 @@ def train_on_rank(config, resume):
     preload = threading.Thread(target=_import_dynamo, daemon=True)
     preload.start()
     import spark_hvd.torch as hvd
-    from spark_hvd.estimators import _training
-    from spark_hvd.estimators._arrays import reshape_batch
+    from spark_hvd.estimators.data._arrays import reshape_batch
+    from spark_hvd.estimators.rank import _training
 
     hvd.init()
     preload.join()
