@@ -250,7 +250,7 @@ class DistributedEstimator(Estimator, Persistable):
     def _training_config(self, metadata, run_id, num_proc, seed) -> dict:
         """Everything a rank needs, picklable; framework-specific parts are added by
         ``_framework_config``."""
-        from .data._transformation import make_batch_transform
+        from .data._transformation_fn import make_batch_transform
         batch_size = self.getBatchSize()
         # Horovod's 'dummy' pool reads in the consumer's thread: our loader with no workers.
         in_thread = self.getReaderPoolType() == "dummy"
@@ -315,7 +315,7 @@ class DistributedModel(Model, Persistable):
         return list(cols) if cols else [f"{c}__output" for c in self.getLabelCols()]
 
     def _transform(self, df):
-        from ._transform import add_predictions
+        from ._predictions import add_predictions
         return add_predictions(df, self)
 
     def plot_history(self, path, metrics=None, title=None):

@@ -27,7 +27,7 @@ from __future__ import annotations
 from . import _params
 from ._base import DistributedEstimator, DistributedModel
 from .rank._keras import SavedModel, compile_args, model_to_bytes, pack, train_on_rank, unpack
-from ._transform import KerasPredictor
+from ._predictions import KerasPredictor
 
 __all__ = ["KerasEstimator", "KerasModel"]
 

@@ -30,7 +30,7 @@ import cloudpickle
 from . import _params
 from ._base import DistributedEstimator, DistributedModel
 from .rank._torch import _rebuild_optimizer, bytes_io, train_on_rank
-from ._transform import TorchPredictor
+from ._predictions import TorchPredictor
 
 __all__ = ["TorchEstimator", "TorchModel"]
 
