@@ -260,7 +260,7 @@ def petastorm_passes(python, files, metadata, batch_size, runs, timeout):
 
 def loader_part(spark, args, report):
     from spark_hvd.estimators import Store
-    from spark_hvd.estimators._prepare import prepare_data
+    from spark_hvd.estimators.data._prepare import prepare_data
 
     rows, features, b = args.loader_rows, args.features, args.batch_size
     src = write_source(os.path.join(args.workdir, f"source-{rows}x{features}"), rows, features)
@@ -487,7 +487,7 @@ class FitBench:
         import torch
 
         from spark_hvd.estimators import Store, TorchEstimator
-        from spark_hvd.estimators import _prepare
+        from spark_hvd.estimators.data import _prepare
         a = self.args
         model = self._model(clock)
         estimator = TorchEstimator(

@@ -23,7 +23,7 @@ import keras_estimator_fns as fns  # noqa: E402
 
 from spark_hvd.estimators import KerasEstimator, KerasModel, Store  # noqa: E402
 from spark_hvd.estimators._base import SparkBackend  # noqa: E402
-from spark_hvd.estimators._keras_remote import read_state  # noqa: E402
+from spark_hvd.estimators.rank._keras import read_state  # noqa: E402
 
 cloudpickle.register_pickle_by_value(fns)
 pytestmark = pytest.mark.timeout(300)
@@ -184,6 +184,42 @@ def test_connect_session_fit_and_transform(connect, regression_df, tmp_path):
     loaded = KerasModel.read().session(connect).load(path)
     for a, b in zip(loaded.getModel().get_weights(), model.getModel().get_weights()):
         np.testing.assert_array_equal(a, b)
+
+
+def test_stage_saved_before_the_rooms_loads(tmp_path, monkeypatch):
+    """A saved stage's payload pickles its Keras model and optimizer as SavedModel and
+    _KerasObject records, by class path: stages saved before the estimators' files moved into
+    rooms name spark_hvd.estimators._keras_remote, which still loads them (a fresh process)."""
+    import subprocess
+
+    import spark_hvd.estimators._keras_remote  # noqa: F401 - cloudpickle looks the path up
+    from spark_hvd.estimators.keras import _pack_model_params
+    from spark_hvd.estimators.rank import _keras
+    model = fns.linear_model()
+    packed = _pack_model_params({"model": model, "optimizer": keras.optimizers.SGD(0.05)})
+    old = "spark_hvd.estimators._keras_remote"
+    with monkeypatch.context() as patch:     # the classes where the old code had them
+        patch.setattr(_keras.SavedModel, "__module__", old)
+        patch.setattr(_keras._KerasObject, "__module__", old)
+        payload = cloudpickle.dumps({"params": packed, "extra": None})
+    assert old.encode() in payload and b"rank._keras" not in payload
+    (tmp_path / "payload").write_bytes(payload)
+    code = f"""
+import sys, cloudpickle
+sys.path.insert(0, {str(Path(fns.__file__).parent)!r})
+import keras_estimator_fns as fns
+from spark_hvd.estimators.keras import _unpack_model_params
+payload = cloudpickle.loads(open({str(tmp_path / "payload")!r}, "rb").read())
+params = _unpack_model_params(payload["params"], {{"Scale": fns.Scale}})
+print(type(params["optimizer"]).__name__, params["optimizer"].learning_rate.numpy())
+print(repr([w.tolist() for w in params["model"].get_weights()]))
+"""
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=240)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.strip().splitlines()
+    assert lines[-2].split()[0] == "SGD" and float(lines[-2].split()[1]) == pytest.approx(0.05)
+    assert lines[-1] == repr([w.tolist() for w in model.get_weights()])
 
 
 def test_param_errors(spark, regression_df, tmp_path):

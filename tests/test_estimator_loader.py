@@ -17,7 +17,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import pytest
 
-from spark_hvd.estimators import _format
+from spark_hvd.estimators.data import _format
 from spark_hvd.estimators.loader import (
     ShardReader, ShardReadError, default_shuffle_buffer_size, default_steps_per_epoch,
     iterate_once,

@@ -14,8 +14,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from spark_hvd.estimators import _format
-from spark_hvd.estimators._prepare import data_key_of, load_metadata, prepare_data
+from spark_hvd.estimators.data import _format
+from spark_hvd.estimators.data._prepare import data_key_of, load_metadata, prepare_data
 from spark_hvd.estimators.store import FilesystemStore, LocalStore
 
 pytestmark = pytest.mark.timeout(120)
@@ -363,7 +363,7 @@ def test_too_few_rows_and_empty_splits(spark, store):
 
 
 def test_module_imports_no_framework():
-    code = ("import sys, spark_hvd.estimators._prepare, spark_hvd.estimators.store; "
+    code = ("import sys, spark_hvd.estimators.data._prepare, spark_hvd.estimators.store; "
             "bad = [m for m in ('torch', 'tensorflow', 'keras') if m in sys.modules]; "
             "assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)

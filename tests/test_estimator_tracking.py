@@ -1,6 +1,7 @@
 """Tracking of a fit: MLflow (a real local file store, read back through MLflow's client) and
-TensorBoard (the event files read back with TensorBoard's EventAccumulator), for TorchEstimator
-and KerasEstimator on a real local Spark; the progress listeners and the MLflow switch."""
+TensorBoard (the event files read back with TensorBoard's EventAccumulator), for TorchEstimator,
+KerasEstimator and LightningEstimator on a real local Spark, with no error printed by MLflow
+while it logs the model; the progress listeners and the MLflow switch."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import importlib
 import io
 import json
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -86,6 +88,27 @@ def events(logdir):
     return scalars
 
 
+def mlflow_problems(text: str) -> list[str]:
+    """The lines in which MLflow says something is wrong with the model it was given: an
+    error, a failed check of its input example ("Failed to validate serving input example ...
+    Got error: The PyTorch flavor does not support List or Dict input types ..."), no
+    signature."""
+    return [line for line in text.splitlines()
+            if re.search(r"\bERROR mlflow|Got error|Failed to validate|without specifying "
+                         r"model signature", line)]
+
+
+def log_model_alone(estimator, model, capfd) -> str:
+    """Logs ``model`` as the tracking of a fit of ``estimator`` does, checks that MLflow printed
+    no problem, and returns the logged model's URI."""
+    sink = _progress.ProgressSink(io.StringIO(), verbose=0)
+    with _tracking.track_fit(estimator, "r", sink) as tracking:
+        tracking.log_model(model)
+    printed = capfd.readouterr()
+    assert not mlflow_problems(printed.out + printed.err), printed.err[-4000:]
+    return f"runs:/{model.getMlflowRunId()}/model"
+
+
 def metric_history(client, run_id, key):
     """The run's values of ``key`` by step. MLflow 3 returns the logged model's copy of the
     values at its step as well: one value per step is kept."""
@@ -94,7 +117,7 @@ def metric_history(client, run_id, key):
 
 
 def test_torch_fit_logs_params_live_metrics_model_and_tensorboard(spark, regression_df,
-                                                                  tmp_path, mlflow_store):
+                                                                  tmp_path, mlflow_store, capfd):
     mlflow.set_tracking_uri(mlflow_store)
     mlflow.set_experiment("estimators")
     store = Store.create(str(tmp_path / "store"))
@@ -111,6 +134,8 @@ def test_torch_fit_logs_params_live_metrics_model_and_tensorboard(spark, regress
         started = time.time()
         model = estimator.fit(regression_df)
         ended = time.time()
+    printed = capfd.readouterr()
+    assert not mlflow_problems(printed.out + printed.err), printed.err[-4000:]
     assert out.getvalue().count("Epoch ") == 0          # verbose=0: nothing printed...
     assert model.getMlflowRunId() == run.info.run_id    # ...but tracked in the active run
     history = model.getHistory()
@@ -136,14 +161,18 @@ def test_torch_fit_logs_params_live_metrics_model_and_tensorboard(spark, regress
     assert all(b - a >= EPOCH_PAUSE * 0.8 for a, b in zip(stamps, stamps[1:])), stamps
     assert len(metric_history(client, run.info.run_id, "rows_per_second")) == 3
 
-    # The model with MLflow's pytorch flavour, predicting what the TorchModel's module does.
+    # The model with MLflow's pytorch flavour, predicting what the TorchModel's module does,
+    # also through MLflow's pyfunc (its input example, one array, was checked while logging).
     artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
     assert "history.png" in artifacts
-    loaded = importlib.import_module("mlflow.pytorch").load_model(f"runs:/{run.info.run_id}/model")
+    uri = f"runs:/{run.info.run_id}/model"
+    loaded = importlib.import_module("mlflow.pytorch").load_model(uri)
     x = torch.randn(5, 4)
     with torch.no_grad():
-        np.testing.assert_allclose(loaded(x).numpy(), model.getModel()(x).numpy(), rtol=1e-5,
-                                   atol=1e-6)
+        expected = model.getModel()(x).numpy()
+        np.testing.assert_allclose(loaded(x).numpy(), expected, rtol=1e-5, atol=1e-6)
+    served = importlib.import_module("mlflow.pyfunc").load_model(uri)
+    np.testing.assert_allclose(served.predict(x.numpy()), expected, rtol=1e-5, atol=1e-6)
 
     # TensorBoard: epoch scalars for train and validation, the loss of every step.
     scalars = events(store.fs_path(store.get_logs_path(model.getRunId())))
@@ -161,7 +190,8 @@ def test_torch_fit_logs_params_live_metrics_model_and_tensorboard(spark, regress
 
 
 def test_keras_fit_with_tracking_uri_param_starts_and_ends_its_own_run(spark, regression_df,
-                                                                       tmp_path, mlflow_store):
+                                                                       tmp_path, mlflow_store,
+                                                                       capfd):
     keras = pytest.importorskip("keras")
     import keras_estimator_fns as kfns
     cloudpickle.register_pickle_by_value(kfns)
@@ -175,6 +205,8 @@ def test_keras_fit_with_tracking_uri_param_starts_and_ends_its_own_run(spark, re
         random_seed=7, validation="is_val", partitions_per_process=2, verbose=0,
         mlflow_tracking_uri=mlflow_store)
     model = estimator.fit(regression_df)
+    printed = capfd.readouterr()
+    assert not mlflow_problems(printed.out + printed.err), printed.err[-4000:]
     assert mlflow.active_run() is None                  # the fit's own run was ended
     client = mlflow.MlflowClient(tracking_uri=mlflow_store)
     run = client.get_run(model.getMlflowRunId())
@@ -186,8 +218,11 @@ def test_keras_fit_with_tracking_uri_param_starts_and_ends_its_own_run(spark, re
         assert [m.step for m in series] == [0, 1]
         np.testing.assert_allclose([m.value for m in series], history[key], rtol=1e-5)
     with mlflow.tracking._tracking_service.utils._use_tracking_uri(mlflow_store):
+        uri = f"runs:/{run.info.run_id}/model"
         loaded = importlib.import_module("mlflow.keras").load_model(
-            f"runs:/{run.info.run_id}/model", custom_objects={"Scale": kfns.Scale})
+            uri, custom_objects={"Scale": kfns.Scale})
+        signature = mlflow.models.get_model_info(uri).signature
+    assert [(s.name, s.shape) for s in signature.inputs.inputs] == [(None, (-1, 4))]
     x = np.random.default_rng(1).normal(size=(6, 4)).astype(np.float32)
     np.testing.assert_allclose(loaded.predict(x, verbose=0),
                                model.getModel().predict(x, verbose=0), rtol=1e-5, atol=1e-6)
@@ -195,6 +230,113 @@ def test_keras_fit_with_tracking_uri_param_starts_and_ends_its_own_run(spark, re
     np.testing.assert_allclose([v for _, v in scalars["validation"]["epoch_loss"]],
                                history["val_loss"], rtol=1e-5)
     assert len(scalars["train"]["batch_loss"]) >= 2
+
+
+def test_lightning_fit_logs_a_model_mlflow_serves(spark, regression_df, tmp_path, mlflow_store,
+                                                  capfd):
+    """A LightningModule is logged with the pytorch flavour, an input example and a signature
+    that MLflow's pyfunc serves: MLflow checks it while logging and prints no error (it printed
+    "Got error: The PyTorch flavor does not support List or Dict input types" when the
+    signature named the input)."""
+    pytest.importorskip("lightning")
+    import lightning_fns
+    cloudpickle.register_pickle_by_value(lightning_fns)
+    from spark_hvd.estimators.lightning import LightningEstimator
+    torch.manual_seed(0)
+    estimator = LightningEstimator(
+        num_proc=2, store=Store.create(str(tmp_path / "store")),
+        model=lightning_fns.Regressor(lr=0.1), feature_cols=["features"], label_cols=["label"],
+        batch_size=16, epochs=1, random_seed=3, partitions_per_process=2, verbose=0,
+        mlflow_tracking_uri=mlflow_store)
+    model = estimator.fit(regression_df)
+    printed = capfd.readouterr()
+    assert not mlflow_problems(printed.out + printed.err), printed.err[-4000:]
+    uri = f"runs:/{model.getMlflowRunId()}/model"
+    x = torch.randn(5, 4)
+    with torch.no_grad():
+        expected = model.getModel()(x).numpy()
+    with mlflow.tracking._tracking_service.utils._use_tracking_uri(mlflow_store):
+        loaded = importlib.import_module("mlflow.pytorch").load_model(uri)
+        served = importlib.import_module("mlflow.pyfunc").load_model(uri)
+    with torch.no_grad():
+        np.testing.assert_allclose(loaded(x).numpy(), expected, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(served.predict(x.numpy()), expected, rtol=1e-5, atol=1e-6)
+    assert served.metadata.metadata["spark_hvd.feature_cols"] == ["features"]
+
+
+class TwoInputs(torch.nn.Module):
+    """A vector and a 2x3 grid in, one output. (Not estimator_fns.TwoInputs: its forward's
+    ``len(grid)`` makes torch.export fix the batch dimension to the example's two rows.)"""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(10, 1)
+
+    def forward(self, vec, grid):
+        return self.fc(torch.cat([vec, grid.flatten(1)], dim=1))
+
+
+class TwoOutputs(torch.nn.Module):
+    """One feature column in, two outputs."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(4, 2)
+
+    def forward(self, x):
+        y = self.fc(x)
+        return y[:, 0], y[:, 1]
+
+
+@pytest.mark.parametrize("module, columns", [
+    (TwoInputs, {"vec": ("float32", [4]), "grid": ("float64", [2, 3])}),
+    (TwoOutputs, {"features": ("float32", [4])})], ids=["two_inputs", "two_outputs"])
+def test_modules_mlflow_pyfunc_cannot_call_are_logged_without_errors(mlflow_store, capfd,
+                                                                     module, columns):
+    """MLflow's PyTorch pyfunc calls a module with one array and takes one tensor back. A
+    module with several inputs or outputs is logged with a signature naming its columns and
+    traced on tensors, without the pyfunc flavour and input example that MLflow would check
+    while logging (printing "Got error: ..." as it fails), and it loads and predicts."""
+    mlflow.set_tracking_uri(mlflow_store)
+    torch.manual_seed(0)
+    net = module()
+    metadata = {"columns": {name: {"dtype": dtype, "shape": shape, "kind": "array"}
+                            for name, (dtype, shape) in columns.items()}}
+    model = TorchModel(model=net, feature_cols=list(columns), label_cols=["y1", "y2"],
+                       training_metadata=metadata)
+    uri = log_model_alone(TorchEstimator(mlflow_tracking=True), model, capfd)
+    info = mlflow.models.get_model_info(uri)
+    assert info.signature.inputs.input_names() == list(columns)
+    inputs = [torch.randn(3, *shape) for _, shape in columns.values()]
+    loaded = importlib.import_module("mlflow.pytorch").load_model(uri)
+    with torch.no_grad():
+        got, want = loaded(*inputs), net(*inputs)
+    for got, want in zip(*(o if isinstance(o, tuple) else (o,) for o in (got, want))):
+        np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_keras_model_with_two_inputs_is_logged_with_a_signature_pyfunc_serves(mlflow_store,
+                                                                            capfd):
+    """A Keras model's signature names several inputs as the model does: MLflow's pyfunc
+    hands the model a dict by those names, which Keras matches to its inputs."""
+    pytest.importorskip("keras")
+    import keras_estimator_fns as kfns
+
+    from spark_hvd.estimators import KerasEstimator, KerasModel
+    mlflow.set_tracking_uri(mlflow_store)
+    net = kfns.two_in_two_out()
+    metadata = {"columns": {"vec": {"dtype": "float32", "shape": [4], "kind": "vector"},
+                            "grid": {"dtype": "float64", "shape": [2, 3], "kind": "array"}}}
+    model = KerasModel(model=net, feature_cols=["vec", "grid"], label_cols=["y1", "y2"],
+                       training_metadata=metadata)
+    uri = log_model_alone(KerasEstimator(mlflow_tracking=True), model, capfd)
+    signature = mlflow.models.get_model_info(uri).signature
+    assert signature.inputs.input_names() == ["vec", "grid"]
+    rng = np.random.default_rng(2)
+    x = {"vec": rng.normal(size=(3, 4)).astype(np.float32), "grid": rng.normal(size=(3, 2, 3))}
+    served = importlib.import_module("mlflow.pyfunc").load_model(uri).predict(x)
+    expected = net.predict_on_batch([x["vec"], x["grid"]])
+    np.testing.assert_allclose(np.asarray(served), np.asarray(expected), rtol=1e-5, atol=1e-6)
 
 
 def test_tracking_switch(mlflow_store, tmp_path):
@@ -279,7 +421,7 @@ def test_tensorboard_logs_reach_a_store_that_is_not_local(tmp_path):
     """A Store on another filesystem (fsspec's memory://) gets copies of the event files
     after every epoch; TensorFlow is never imported for them."""
     pytest.importorskip("fsspec")
-    from spark_hvd.estimators import _tensorboard
+    from spark_hvd.estimators.rank import _tensorboard
     store = Store.create(f"memory://spark_hvd_tb_{os.getpid()}/store")
     logs = _tensorboard.RunLogs(store, "run_1")
     for step in range(1, 5):

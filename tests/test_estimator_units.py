@@ -13,7 +13,7 @@ pytest.importorskip("pyspark")
 pa = pytest.importorskip("pyarrow")
 
 from spark_hvd.estimators import _progress  # noqa: E402
-from spark_hvd.estimators._transform import arrow_to_numpy, reshape_batch  # noqa: E402
+from spark_hvd.estimators.data._arrays import arrow_to_numpy, reshape_batch  # noqa: E402
 
 
 def _event(kind, **fields):
@@ -106,7 +106,7 @@ def test_torch_loss_is_horovods():
     """Several labels: weighted by loss_weights, by default their mean; sample weights: the
     batch mean of each row's loss times its weight (Horovod's formulas)."""
     torch = pytest.importorskip("torch")
-    from spark_hvd.estimators._torch_remote import _make_loss
+    from spark_hvd.estimators.rank._torch import _make_loss
     mse = torch.nn.functional.mse_loss
     out = [torch.tensor([[1.0], [2.0]]), torch.tensor([[0.0], [4.0]])]
     lab = [torch.tensor([[0.0], [0.0]]), torch.tensor([[1.0], [1.0]])]
@@ -127,7 +127,7 @@ def _batch():
 
 
 def test_transformation_numpy_style_is_kept():
-    from spark_hvd.estimators._transformation import make_batch_transform
+    from spark_hvd.estimators.data._transformation_fn import make_batch_transform
     calls = []
 
     def double(batch):
@@ -142,7 +142,7 @@ def test_transformation_numpy_style_is_kept():
 
 
 def test_transformation_horovod_pandas_style_is_detected():
-    from spark_hvd.estimators._transformation import make_batch_transform
+    from spark_hvd.estimators.data._transformation_fn import make_batch_transform
     seen = []
 
     def horovod_fn(pdf):            # Petastorm's TransformSpec with make_batch_reader
@@ -162,7 +162,7 @@ def test_transformation_horovod_pandas_style_is_detected():
 
 
 def test_transformation_horovod_row_style_is_detected():
-    from spark_hvd.estimators._transformation import make_batch_transform
+    from spark_hvd.estimators.data._transformation_fn import make_batch_transform
 
     def row_fn(row):                # Petastorm's TransformSpec with make_reader: one row
         return {"x": row["x"].reshape(2, 2), "y": float(row["y"]) + 1, "w": row["w"]}
@@ -174,7 +174,7 @@ def test_transformation_horovod_row_style_is_detected():
 
 
 def test_transformation_edit_and_removed_fields():
-    from spark_hvd.estimators._transformation import make_batch_transform
+    from spark_hvd.estimators.data._transformation_fn import make_batch_transform
 
     def add_column(pdf):
         pdf["z"] = pdf["x"].map(lambda v: v[:2])
@@ -192,7 +192,7 @@ def test_transformation_edit_and_removed_fields():
 
 
 def test_transformation_errors_name_every_style():
-    from spark_hvd.estimators._transformation import make_batch_transform
+    from spark_hvd.estimators.data._transformation_fn import make_batch_transform
 
     def broken(batch):
         raise KeyError("no_such_column")

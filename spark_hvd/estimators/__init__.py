@@ -28,7 +28,13 @@ estimators).
 Modules: ``store`` (Store, AbstractFilesystemStore, LocalStore, DBFSLocalStore, HDFSStore,
 FilesystemStore),
 ``loader`` (the shard reader every rank trains from), ``torch`` (TorchEstimator, TorchModel),
-``keras`` (KerasEstimator, KerasModel).
+``keras`` (KerasEstimator, KerasModel), ``lightning`` (LightningEstimator, LightningModel).
+
+Inside, the files are in rooms by the side they run on: this level holds the public modules and
+the driver's side of a fit (Params, the fit flow, persistence, tracking, progress, transform's
+predictions); ``rank/`` what runs inside the training ranks; ``data/`` the shards (their format,
+preparing them, reading them). ``rank/`` and ``data/`` never import this level's private modules
+(tests/test_layering.py checks it).
 """
 
 import importlib

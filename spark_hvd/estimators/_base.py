@@ -14,6 +14,7 @@ from pyspark.ml import Estimator, Model
 from . import _params, _tracking
 from ._persistence import Persistable
 from ._progress import ProgressSink
+from .rank._training import RankEntry
 
 
 class Backend:
@@ -93,20 +94,6 @@ def run_on(backend, fn, args, env, spark, stdout):
     return backend.run(fn, args=args, kwargs={}, env=env)
 
 
-class RankEntry:
-    """What each rank runs: Horovod's per-rank setup (``mp_start_method``), then the
-    framework's training function ``trainer(config, resume)``."""
-
-    def __init__(self, trainer, mp_start_method=None):
-        self.trainer, self.mp_start_method = trainer, mp_start_method
-
-    def __call__(self, config, resume):
-        if self.mp_start_method is not None:
-            import multiprocessing
-            multiprocessing.set_start_method(self.mp_start_method, force=True)
-        return self.trainer(config, resume)
-
-
 def num_processes_of(backend, spark) -> int:
     if isinstance(backend, SparkBackend):
         return backend.num_processes(spark)
@@ -130,7 +117,7 @@ class DistributedEstimator(Estimator, Persistable):
     # -- the fit flow --------------------------------------------------------------------------
 
     def _fit(self, df):
-        from ._prepare import prepare_data
+        from .data._prepare import prepare_data
         self._check_params(df)
         spark = df.sparkSession
         backend, num_proc = self._backend_and_size(spark)
@@ -168,7 +155,7 @@ class DistributedEstimator(Estimator, Persistable):
         return estimator._fit_on_parquet(dataset_idx, train_data, val_data)
 
     def _fit_on_parquet(self, dataset_idx, train_data, val_data):
-        from . import _prepare
+        from .data import _prepare
         self._check_params(None)
         store = self.getStore()
         spark = None   # no DataFrame: a SparkBackend uses the active session
@@ -263,7 +250,7 @@ class DistributedEstimator(Estimator, Persistable):
     def _training_config(self, metadata, run_id, num_proc, seed) -> dict:
         """Everything a rank needs, picklable; framework-specific parts are added by
         ``_framework_config``."""
-        from ._transformation import make_batch_transform
+        from .data._transformation_fn import make_batch_transform
         batch_size = self.getBatchSize()
         # Horovod's 'dummy' pool reads in the consumer's thread: our loader with no workers.
         in_thread = self.getReaderPoolType() == "dummy"
@@ -328,7 +315,7 @@ class DistributedModel(Model, Persistable):
         return list(cols) if cols else [f"{c}__output" for c in self.getLabelCols()]
 
     def _transform(self, df):
-        from ._transform import add_predictions
+        from ._predictions import add_predictions
         return add_predictions(df, self)
 
     def plot_history(self, path, metrics=None, title=None):

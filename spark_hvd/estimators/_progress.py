@@ -1,9 +1,10 @@
-"""Training progress, from rank 0 to the driver.
+"""Training progress, from rank 0 to the driver: the driver's end.
 
-Rank 0 prints one marked JSON line per event on its stdout; ``spark.run`` forwards every line
-of the ranks to the driver, where :class:`ProgressSink` (the stream given to ``run``) turns the
-marked lines into one line per epoch (``verbose=1``) or a tqdm bar (``verbose=2``) and passes
-everything else through. No extra connection or port is needed for progress.
+Rank 0 prints one marked JSON line per event on its stdout (``rank/_progress.report``);
+``spark.run`` forwards every line of the ranks to the driver, where :class:`ProgressSink` (the
+stream given to ``run``) turns the marked lines into one line per epoch (``verbose=1``) or a
+tqdm bar (``verbose=2``) and passes everything else through. No extra connection or port is
+needed for progress.
 
 Listeners (``ProgressSink.add_listener``) see every event as it arrives, whatever the
 verbosity: experiment tracking logs each epoch's metrics from there while training runs.
@@ -16,13 +17,7 @@ import sys
 import threading
 import time
 
-MARKER = "@@spark_hvd.progress@@ "  # no control characters: str.splitlines splits on them
-
-
-def report(event: str, **fields) -> None:
-    """Called on rank 0: send one progress event to the driver."""
-    sys.stdout.write(MARKER + json.dumps({"event": event, **fields}) + "\n")
-    sys.stdout.flush()
+from .rank._progress import MARKER
 
 
 def format_metrics(metrics: dict) -> str:

@@ -15,7 +15,8 @@ tracking is on it
   the end,
 - logs the trained model with MLflow's own flavour (``mlflow.pytorch`` for ``torch.nn.Module``
   including Lightning modules, ``mlflow.keras`` for Keras models) under the artifact name
-  ``model``, and the history plot (``history.png``) when matplotlib is installed,
+  ``model``, with its signature (and, for a module MLflow's PyTorch pyfunc can call, an input
+  example), and the history plot (``history.png``) when matplotlib is installed,
 - and sets the returned model's ``mlflow_run_id`` Param (``getMlflowRunId()``).
 
 Tracking is on when ``mlflow_tracking=True``, or ``mlflow_tracking_uri`` is set, or (the
@@ -213,8 +214,7 @@ def log_flavour(mlflow, model, step: int = 0) -> None:
     if torch is not None and isinstance(inner, torch.nn.Module):
         _log_torch(mlflow, model, inner, step)
     elif keras is not None and isinstance(inner, keras.Model):
-        import mlflow.keras
-        mlflow.keras.log_model(inner, **_artifact_name(mlflow.keras.log_model, step))
+        _log_keras(mlflow, model, inner, step)
     else:
         warnings.warn(f"spark_hvd: MLflow has no flavour here for a {type(inner).__name__}; "
                       "the trained model was not logged", stacklevel=3)
@@ -230,54 +230,91 @@ def _artifact_name(log_model, step: int) -> dict:
     return {"name": MODEL_ARTIFACT, **({"step": step} if "step" in parameters else {})}
 
 
-def torch_example(model, module):
-    """(input example, signature) of a TorchModel: two rows of zeros per feature column, in
-    the dtype and shape ``transform`` feeds the module, and the outputs they give."""
+def example_inputs(model) -> list:
+    """Two rows of zeros per feature column of ``model`` (a Transformer), in the dtype of the
+    training data and the shape ``transform`` feeds the framework model (``input_shapes``)."""
     import numpy as np
-    import torch
-    from mlflow.models import ModelSignature
-    from mlflow.types import Schema, TensorSpec
 
-    from ._torch_remote import as_tensor
-    from ._transform import reshape_batch
+    from .data._arrays import reshape_batch
     metadata = _param(model, "training_metadata")
     columns = list(_param(model, "feature_cols"))
     shapes = _param(model, "input_shapes") or [None] * len(columns)
-    inputs = []
-    for column, shape in zip(columns, shapes):
-        info = metadata["columns"][column]
-        zeros = np.zeros((2, *info["shape"]), dtype=info["dtype"])
-        inputs.append(as_tensor(reshape_batch(zeros, shape)).numpy())
-    with torch.inference_mode():
-        outputs = module(*[torch.from_numpy(x) for x in inputs])
-    outputs = outputs if isinstance(outputs, (list, tuple)) else [outputs]
+    return [reshape_batch(np.zeros((2, *metadata["columns"][c]["shape"]),
+                                   dtype=metadata["columns"][c]["dtype"]), shape)
+            for c, shape in zip(columns, shapes)]
+
+
+def signature_of(model, inputs, outputs, input_names):
+    """The MLflow signature of a framework model that gave ``outputs`` for ``inputs`` (arrays,
+    rows first): inputs named ``input_names`` (None: unnamed), outputs named ``output_cols``
+    (default ``output_<i>``)."""
+    from mlflow.models import ModelSignature
+    from mlflow.types import Schema, TensorSpec
 
     def spec(arrays, names):
         return Schema([TensorSpec(a.dtype, (-1, *a.shape[1:]), name) for a, name in
                        zip(arrays, names)])
-    outputs = [o.detach().cpu().numpy() for o in outputs]
     out_names = (list(_param(model, "output_cols") or []) or
                  [f"output_{i}" for i in range(len(outputs))])
-    signature = ModelSignature(inputs=spec(inputs, columns), outputs=spec(outputs, out_names))
-    return tuple(inputs) if len(inputs) > 1 else inputs[0], signature
+    return ModelSignature(inputs=spec(inputs, input_names), outputs=spec(outputs, out_names))
+
+
+def _columns_metadata(model, parameters) -> dict:
+    """``metadata=`` for ``log_model`` (when it takes it): the feature columns, which the
+    signature does not name when the model has one input."""
+    if "metadata" not in parameters:
+        return {}
+    return {"metadata": {"spark_hvd.feature_cols": list(_param(model, "feature_cols"))}}
+
+
+def torch_example(model, module):
+    """(inputs, signature, servable) of a TorchModel: :func:`example_inputs` as ``transform``
+    feeds the module (floats in torch's default dtype), the signature of those inputs and of
+    the outputs they give, and whether MLflow's PyTorch pyfunc can serve the module, which it
+    calls with one array, taking one tensor back. A servable module's input is unnamed in the
+    signature: given a named one, the pyfunc hands the module a dict, which its PyTorch flavour
+    refuses ("does not support List or Dict input types"). Other modules' inputs are named by
+    their feature columns."""
+    import torch
+
+    from .rank._torch import as_tensor
+    inputs = [as_tensor(x).numpy() for x in example_inputs(model)]
+    with torch.inference_mode():
+        outputs = module(*[torch.from_numpy(x) for x in inputs])
+    outputs = outputs if isinstance(outputs, (list, tuple)) else [outputs]
+    outputs = [o.detach().cpu().numpy() for o in outputs]
+    servable = len(inputs) == 1 and len(outputs) == 1
+    names = [None] if servable else list(_param(model, "feature_cols"))
+    return inputs, signature_of(model, inputs, outputs, names), servable
 
 
 def _log_torch(mlflow, model, module, step: int) -> None:
     import inspect
 
     import mlflow.pytorch
+    parameters = inspect.signature(mlflow.pytorch.log_model).parameters
     kwargs = _artifact_name(mlflow.pytorch.log_model, step)
-    formats = "serialization_format" in inspect.signature(mlflow.pytorch.log_model).parameters
+    formats = "serialization_format" in parameters
+    inputs, servable = None, False
     if _param(model, "training_metadata") is not None:
         try:
-            example, signature = torch_example(model, module)
-            kwargs.update(input_example=example, signature=signature)
+            inputs, kwargs["signature"], servable = torch_example(model, module)
+            kwargs.update(_columns_metadata(model, parameters))
         except Exception as error:  # noqa: BLE001 - the model is still logged, pickled
             warnings.warn(f"spark_hvd: no input example for MLflow ({error})", stacklevel=4)
-    if formats and "input_example" in kwargs:
+    # An input example of arrays MLflow saves with the model and, adding its pyfunc flavour,
+    # checks while logging by predicting it through that flavour: where the flavour cannot
+    # call the module, it printed "Failed to validate serving input example ... Got error".
+    # Arrays therefore go only with a servable module; torch tensors only trace the 'pt2'
+    # graph (MLflow then saves no example and adds no pyfunc flavour).
+    example = inputs[0] if servable else None
+    if formats and inputs is not None:
+        import torch
+        traced = example if servable else tuple(torch.from_numpy(x) for x in inputs)
         try:
             # MLflow's default, safe format: torch.export's graph, traced on the example.
-            mlflow.pytorch.log_model(module, serialization_format="pt2", **kwargs)
+            mlflow.pytorch.log_model(module, serialization_format="pt2", input_example=traced,
+                                     **kwargs)
             return
         except Exception as error:  # noqa: BLE001 - torch.export cannot trace every module
             warnings.warn(f"spark_hvd: torch.export could not trace the model for MLflow's "
@@ -285,7 +322,43 @@ def _log_torch(mlflow, model, module, step: int) -> None:
                           "instead", stacklevel=4)
     if formats:
         kwargs["serialization_format"] = "pickle"
+    if example is not None:
+        kwargs["input_example"] = example
     mlflow.pytorch.log_model(module, **kwargs)
+
+
+def keras_signature(model, inner):
+    """The signature of a KerasModel's ``inner`` model, on :func:`example_inputs`. One input is
+    unnamed (MLflow's pyfunc hands the model the array); several are named as the Keras model
+    names its inputs, the keys Keras matches the dict that the pyfunc hands it by."""
+    import numpy as np
+
+    from ._predictions import as_list
+    inputs = example_inputs(model)
+    outputs = as_list(inner.predict_on_batch(inputs[0] if len(inputs) == 1 else inputs), inner)
+    names = [getattr(t, "name", None) for t in getattr(inner, "inputs", None) or []]
+    if len(inputs) == 1:
+        names = [None]
+    elif len(names) != len(inputs) or None in names:
+        names = list(_param(model, "feature_cols"))
+    return signature_of(model, inputs, [np.asarray(o) for o in outputs], names)
+
+
+def _log_keras(mlflow, model, inner, step: int) -> None:
+    import inspect
+
+    import mlflow.keras
+    parameters = inspect.signature(mlflow.keras.log_model).parameters
+    kwargs = _artifact_name(mlflow.keras.log_model, step)
+    # A signature (MLflow warns "without specifying model signature" otherwise), no input
+    # example: MLflow's keras flavour needs none.
+    if _param(model, "training_metadata") is not None:
+        try:
+            kwargs["signature"] = keras_signature(model, inner)
+            kwargs.update(_columns_metadata(model, parameters))
+        except Exception as error:  # noqa: BLE001 - the model is still logged
+            warnings.warn(f"spark_hvd: no signature for MLflow ({error})", stacklevel=4)
+    mlflow.keras.log_model(inner, **kwargs)
 
 
 @contextlib.contextmanager

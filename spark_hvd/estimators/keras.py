@@ -26,8 +26,8 @@ from __future__ import annotations
 
 from . import _params
 from ._base import DistributedEstimator, DistributedModel
-from ._keras_remote import KerasPredictor, SavedModel, compile_args, model_to_bytes, pack, \
-    train_on_rank, unpack
+from .rank._keras import SavedModel, compile_args, model_to_bytes, pack, train_on_rank, unpack
+from ._predictions import KerasPredictor
 
 __all__ = ["KerasEstimator", "KerasModel"]
 

@@ -46,8 +46,8 @@ import cloudpickle
 
 from . import _params
 from ._base import DistributedEstimator
-from ._lightning_remote import train_on_rank
-from ._torch_remote import bytes_io
+from .rank._lightning import train_on_rank
+from .rank._torch import bytes_io
 from .torch import TorchModel
 
 __all__ = ["LightningEstimator", "LightningModel"]

@@ -29,7 +29,8 @@ import cloudpickle
 
 from . import _params
 from ._base import DistributedEstimator, DistributedModel
-from ._torch_remote import TorchPredictor, _rebuild_optimizer, bytes_io, train_on_rank
+from .rank._torch import _rebuild_optimizer, bytes_io, train_on_rank
+from ._predictions import TorchPredictor
 
 __all__ = ["TorchEstimator", "TorchModel"]
 

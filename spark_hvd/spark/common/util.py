@@ -20,7 +20,7 @@ from __future__ import annotations
 import contextlib
 import threading
 
-from spark_hvd.estimators import _prepare
+from spark_hvd.estimators.data import _prepare
 
 __all__ = ["prepare_data", "get_dataset_properties", "clear_training_cache"]
 

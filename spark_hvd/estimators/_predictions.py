@@ -5,6 +5,9 @@ Feature columns are turned into arrays the same way as for training (Spark ML ve
 model runs on ``batch_size`` rows at a time, and its outputs come back as new columns: a double
 when the output has one value per row and the label was a scalar, an array of floats otherwise
 (a Spark ML vector when the label was one). Every other column of the DataFrame is kept.
+
+The model is loaded in each Spark Python worker by its framework's predictor (below), which
+the UDF carries pickled.
 """
 
 from __future__ import annotations
@@ -13,9 +16,11 @@ import collections
 import threading
 import uuid
 
+import cloudpickle
 import numpy as np
 
-from . import _columns
+from .data import _columns
+from .data._arrays import arrow_to_numpy, reshape_batch
 
 _STRUCT = "__spark_hvd_predictions"
 
@@ -59,37 +64,84 @@ def cached_predictor(key: str, factory):
     return predictor
 
 
-def reshape_batch(array: np.ndarray, shape) -> np.ndarray:
-    """``array`` (rows first) reshaped to ``shape``, whose first entry may be -1/None for the
-    batch dimension (Horovod's ``input_shapes`` convention); no shape → unchanged."""
-    if shape is None:
-        return array
-    shape = list(shape)
-    if shape and shape[0] in (-1, None):
-        shape = shape[1:]
-    return array.reshape((len(array), *shape))
+# -- the frameworks' predictors (pickled into the UDF; framework imports inside) --------------
+
+class TorchPredictor:
+    """TorchModel's: loads the model (once per Spark Python worker: ``cache_key``); called
+    with a list of input arrays."""
+
+    def __init__(self, model_blob: bytes):
+        self.model_blob = model_blob
+
+    def cache_key(self) -> str:
+        import hashlib
+        return "torch:" + hashlib.sha1(self.model_blob).hexdigest()
+
+    def __call__(self):
+        import torch
+
+        from .rank._torch import as_tensor
+        if in_spark_task():
+            torch.set_num_threads(1)   # one Spark task per core (the driver keeps its own)
+        model = cloudpickle.loads(self.model_blob)
+        model.eval()
+
+        def predict(inputs):
+            with torch.inference_mode():
+                outputs = model(*[as_tensor(x) for x in inputs])
+            if not isinstance(outputs, (list, tuple)):
+                outputs = [outputs]
+            return [o.detach().cpu().numpy() for o in outputs]
+        return predict
 
 
-def arrow_to_numpy(array, shape, dtype, column: str) -> np.ndarray:
-    """One Arrow column (scalars, or fixed-length possibly nested lists) as a NumPy array of
-    ``(rows, *shape)``."""
-    import pyarrow as pa
-    if array.null_count:
-        raise ValueError(f"column {column!r} has {array.null_count} null value(s) in a batch; "
-                         "fill or drop them before transform")
-    rows = len(array)
-    while pa.types.is_list(array.type) or pa.types.is_large_list(array.type) or \
-            pa.types.is_fixed_size_list(array.type):
-        array = array.flatten()
-        if array.null_count:
-            raise ValueError(f"column {column!r} has null values inside its arrays; fill or "
-                             "drop them before transform")
-    values = array.to_numpy(zero_copy_only=False).astype(dtype, copy=False)
-    if values.size != rows * int(np.prod(shape or [1])):
-        raise ValueError(f"column {column!r}: expected {list(shape)} values per row (the shape "
-                         f"seen in training), got {values.size} values in {rows} rows")
-    return values.reshape((rows, *shape))
+def _limit_threads(threads: int) -> None:
+    import tensorflow as tf
+    try:
+        tf.config.threading.set_intra_op_parallelism_threads(threads)
+        tf.config.threading.set_inter_op_parallelism_threads(threads)
+    except RuntimeError:   # TensorFlow already started in this process: keep its setting
+        pass
 
+
+def as_list(outputs, model) -> list:
+    """A Keras model's outputs (one array, a list, or a dict by output name) as a list."""
+    if isinstance(outputs, dict):
+        return [outputs[name] for name in model.output_names]
+    if isinstance(outputs, (list, tuple)):
+        return list(outputs)
+    return [outputs]
+
+
+class KerasPredictor:
+    """KerasModel's: loads the model (once per Spark Python worker: ``cache_key``); called
+    with a list of input arrays."""
+
+    def __init__(self, model_data: bytes, custom_objects=None):
+        # custom_objects pickled here, by the cloudpickle a user registers modules with
+        # (pickle_by_value), not by the copy vendored in PySpark that ships the UDF.
+        self.model_data = model_data
+        self.custom_objects = cloudpickle.dumps(custom_objects)
+
+    def cache_key(self) -> str:
+        import hashlib
+        digest = hashlib.sha1(self.model_data)
+        digest.update(self.custom_objects)
+        return "keras:" + digest.hexdigest()
+
+    def __call__(self):
+        from .rank._keras import load_model_bytes
+        if in_spark_task():
+            _limit_threads(1)   # one Spark task per core (the driver keeps its own)
+        model = load_model_bytes(self.model_data, cloudpickle.loads(self.custom_objects))
+
+        def predict(inputs):
+            x = inputs[0] if len(inputs) == 1 else list(inputs)
+            return [np.asarray(o) for o in as_list(model.predict_on_batch(x), model)]
+        return predict
+
+
+# -- the UDF -------------------------------------------------------------------------------------
 
 def _input_expressions(fns, model, metadata):
     F, vector_to_array = fns.F, fns.vector_to_array

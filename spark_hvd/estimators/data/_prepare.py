@@ -35,7 +35,7 @@ import sys
 import threading
 import time
 
-from spark_hvd.estimators import _columns, _format
+from spark_hvd.estimators.data import _columns, _format
 from spark_hvd.estimators.store import Store
 
 __all__ = ["prepare_data", "load_metadata", "data_key_of", "describe_parquet", "check_columns",

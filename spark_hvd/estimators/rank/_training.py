@@ -8,15 +8,30 @@ import io
 import os
 import time
 
-from ..common import _bootstrap_contract as contract
+from ...common import _bootstrap_contract as contract
 from . import _progress
 
 KEEP_CHECKPOINTS = 2   # the newest ones: a crash while writing one still leaves the previous
 
 
+class RankEntry:
+    """What each rank runs: Horovod's per-rank setup (``mp_start_method``), then the
+    framework's training function ``trainer(config, resume)``. The driver pickles it; it lives
+    here so that unpickling it in a rank imports none of the driver's modules (PySpark ML)."""
+
+    def __init__(self, trainer, mp_start_method=None):
+        self.trainer, self.mp_start_method = trainer, mp_start_method
+
+    def __call__(self, config, resume):
+        if self.mp_start_method is not None:
+            import multiprocessing
+            multiprocessing.set_start_method(self.mp_start_method, force=True)
+        return self.trainer(config, resume)
+
+
 def make_readers(config: dict, rank: int, size: int):
     """(train reader, validation reader or None) of this rank."""
-    from .loader import ShardReader
+    from ..data._loader import ShardReader
     store, metadata = config["store"], config["metadata"]
     path = store.fs_path(store.get_data_path(metadata["data_key"]))
     columns = list(config["feature_cols"]) + list(config["label_cols"])

@@ -1,6 +1,6 @@
 """The rank side of TorchEstimator: the training loop each Spark task's rank runs, and the
-predictor ``TorchModel.transform`` runs in Spark's Python workers. Kept free of PySpark imports so
-that a rank starts fast."""
+tensor helpers the driver and ``TorchModel.transform``'s predictor share with it. Kept free of
+PySpark imports so that a rank starts fast."""
 
 from __future__ import annotations
 
@@ -43,35 +43,6 @@ def _rebuild_optimizer(blob, model):
 
 def _metric_name(metric) -> str:
     return getattr(metric, "__name__", None) or type(metric).__name__
-
-
-class TorchPredictor:
-    """Loads the model (once per Spark Python worker: ``cache_key``); called with a list of
-    input arrays."""
-
-    def __init__(self, model_blob: bytes):
-        self.model_blob = model_blob
-
-    def cache_key(self) -> str:
-        import hashlib
-        return "torch:" + hashlib.sha1(self.model_blob).hexdigest()
-
-    def __call__(self):
-        import torch
-
-        from ._transform import in_spark_task
-        if in_spark_task():
-            torch.set_num_threads(1)   # one Spark task per core (the driver keeps its own)
-        model = cloudpickle.loads(self.model_blob)
-        model.eval()
-
-        def predict(inputs):
-            with torch.inference_mode():
-                outputs = model(*[as_tensor(x) for x in inputs])
-            if not isinstance(outputs, (list, tuple)):
-                outputs = [outputs]
-            return [o.detach().cpu().numpy() for o in outputs]
-        return predict
 
 
 def _loss_functions(config):
@@ -146,7 +117,7 @@ def select_device(torch, hvd, use_gpu: bool):
     when it has one GPU); else the CPU, with one line from rank 0 if ranks given GPUs fell back
     (see :func:`_training.note_cpu_fallback`). Every rank calls it (a collective with
     ``use_gpu``)."""
-    from spark_hvd.estimators import _training
+    from spark_hvd.estimators.rank import _training
     on_gpu = use_gpu and torch.cuda.is_available()
     _training.note_cpu_fallback(hvd, use_gpu, on_gpu, _training.TORCH_NO_CUDA)
     if not on_gpu:
@@ -169,8 +140,8 @@ def train_on_rank(config, resume):
     preload = threading.Thread(target=_import_dynamo, daemon=True)
     preload.start()
     import spark_hvd.torch as hvd
-    from spark_hvd.estimators import _training
-    from spark_hvd.estimators._transform import reshape_batch
+    from spark_hvd.estimators.data._arrays import reshape_batch
+    from spark_hvd.estimators.rank import _training
 
     hvd.init()
     preload.join()

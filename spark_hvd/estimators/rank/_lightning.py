@@ -26,7 +26,7 @@ import warnings
 
 import cloudpickle
 
-from ._torch_remote import _import_dynamo, as_tensor, bytes_io
+from ._torch import _import_dynamo, as_tensor, bytes_io
 
 CHECKPOINT_EXTENSION = "ckpt"
 LOG_DIR_NAME = "lightning_logs"
@@ -42,7 +42,7 @@ class ShardBatches:
     for the Trainer's current epoch, with ``input_shapes`` / ``label_shapes`` applied."""
 
     def __init__(self, reader, config, current_epoch):
-        from ._transform import reshape_batch
+        from ..data._arrays import reshape_batch
         self.reader = reader
         self.current_epoch = current_epoch
         self.transformation_fn = config["transformation_fn"]
@@ -351,7 +351,7 @@ def _preload(package):
 def _data_module(config, rank, size):
     """The user's ``data_module``: a LightningDataModule, or a class built with
     :func:`data_module_kwargs` (as Horovod builds its ``PetastormDataModule``)."""
-    from .loader import default_steps_per_epoch
+    from ..data._loader import default_steps_per_epoch
     data_module = config["data_module"]
     if not isinstance(data_module, type):
         return data_module
