@@ -100,17 +100,17 @@ def _build(pl):
 
         @property
         def creates_processes_externally(self) -> bool:
-            """Always true: the launcher or Spark started the ranks, not Lightning."""
+            """Always True, since the launcher or Spark started the ranks, not Lightning."""
             return True
 
         @property
         def main_address(self) -> str:
-            """Not used: spark_hvd connects the ranks itself."""
+            """Not used, since spark_hvd connects the ranks itself."""
             return "127.0.0.1"
 
         @property
         def main_port(self) -> int:
-            """Not used (0): spark_hvd connects the ranks itself."""
+            """Not used (0), since spark_hvd connects the ranks itself."""
             return 0
 
         @staticmethod

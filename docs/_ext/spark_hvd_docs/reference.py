@@ -1,0 +1,124 @@
+"""The API reference's pages (``docs/api/``), generated at every build from the public modules
+(``api.PUBLIC_MODULES``), so the reference lists exactly what the code exports.
+
+Every object is documented once, on the first page that exports it (the shared API first, then
+each module in order); a later module that exports the same object (``spark_hvd.torch.init``
+is ``spark_hvd.common.init``) links to that entry instead of repeating it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import os
+
+from . import api
+
+API_DIR = "api"
+
+# Every name exported by a module whose object is documented under another name: the name
+# (``spark_hvd.torch.init``) -> the documented one (``spark_hvd.common.init``). Filled by
+# pages(); references to such a name resolve to the documented entry.
+ALIASES: dict[str, str] = {}
+
+# The pages, in order: (page name, title, modules documented on it, introduction).
+PAGES = (
+    ("common", "The shared API", ("spark_hvd.common",),
+     "What every framework module (`spark_hvd.numpy`, `.torch`, `.tensorflow`, `.keras`) "
+     "exports alike: `init`, ranks and sizes, reduce ops, process sets, the built-in checks "
+     "and the errors. `hvd.init()` is `spark_hvd.common.init()` whichever module `hvd` is."),
+    ("numpy", "spark_hvd.numpy", ("spark_hvd.numpy",), ""),
+    ("torch", "spark_hvd.torch", ("spark_hvd.torch", "spark_hvd.torch.elastic"), ""),
+    ("tensorflow", "spark_hvd.tensorflow", ("spark_hvd.tensorflow",
+                                            "spark_hvd.tensorflow.elastic"), ""),
+    ("keras", "spark_hvd.keras", ("spark_hvd.keras", "spark_hvd.keras.callbacks",
+                                  "spark_hvd.keras.elastic"), ""),
+    ("spark", "spark_hvd.spark", ("spark_hvd.spark",), ""),
+    ("estimators", "spark_hvd.estimators", (
+        "spark_hvd.estimators", "spark_hvd.estimators.store", "spark_hvd.estimators.loader",
+        "spark_hvd.estimators.torch", "spark_hvd.estimators.keras",
+        "spark_hvd.estimators.lightning"), ""),
+    ("lightning", "spark_hvd.lightning", ("spark_hvd.lightning",), ""),
+    ("runner", "spark_hvd.runner", ("spark_hvd", "spark_hvd.runner"),
+     "`spark_hvd.run` (Horovod's `horovod.run`) and the launcher's module. The launcher's "
+     "flags: [spark-hvd-run](../reference/launcher.md)."),
+)
+
+
+def _key(name, obj):
+    if isinstance(obj, (int, float, str, bool)) or obj is None:
+        return ("value", name, repr(obj))
+    return ("object", id(obj))
+
+
+def _directive(obj) -> str:
+    if inspect.isclass(obj):
+        return "autoclass"
+    if inspect.isroutine(obj):
+        return "autofunction"
+    return "autodata"
+
+
+def _module_page(module_name: str, seen: dict, heading: str) -> list[str]:
+    module = importlib.import_module(module_name)
+    lines = [f"{heading} `{module_name}`", "", "```{eval-rst}",
+             f".. automodule:: {module_name}", "   :no-members:", "```", ""]
+    aliases, entries = [], []
+    for name in sorted(api.public_names(module), key=str.lower):
+        obj = getattr(module, name)
+        if inspect.ismodule(obj):
+            continue
+        key = _key(name, obj)
+        target = seen.get(key)
+        if target is not None:
+            ALIASES[f"{module_name}.{name}"] = target
+            aliases.append(f"{{py:obj}}`{name} <{target}>`")
+            continue
+        full = f"{module_name}.{name}"
+        seen[key] = full
+        directive = _directive(obj)
+        entries.append(f".. {directive}:: {full}")
+        if directive == "autoclass":
+            entries.append("   :members:")
+        if directive == "autodata":
+            entries.append("   :annotation:")
+    if aliases:
+        lines += ["Also exported here, documented where first listed: " + ", ".join(aliases)
+                  + ".", ""]
+    if entries:
+        lines += ["```{eval-rst}", *entries, "```", ""]
+    return lines
+
+
+def pages() -> dict[str, str]:
+    """``{file name: Markdown}`` of every API page and the API index."""
+    seen: dict = {}
+    out = {}
+    toc = []
+    for page, title, modules, intro in PAGES:
+        lines = [f"# {title}", ""]
+        if intro:
+            lines += [intro, ""]
+        for i, module_name in enumerate(modules):
+            lines += _module_page(module_name, seen, "##" if len(modules) > 1 or i else "##")
+        out[f"{page}.md"] = "\n".join(lines)
+        toc.append(page)
+    out["index.md"] = "\n".join([
+        "# API reference", "",
+        "Generated from the docstrings of every public module at each build; a public function "
+        "or class without a docstring fails the build.", "",
+        "```{toctree}", ":maxdepth: 2", "", *toc, "```", ""])
+    return out
+
+
+def write_all(docs_dir: str) -> None:
+    folder = os.path.join(docs_dir, API_DIR)
+    os.makedirs(folder, exist_ok=True)
+    for name, text in pages().items():
+        path = os.path.join(folder, name)
+        text = "<!-- generated by docs/_ext/spark_hvd_docs/reference.py; do not edit -->\n\n" \
+            + text
+        old = open(path).read() if os.path.exists(path) else None
+        if old != text:
+            with open(path, "w") as f:
+                f.write(text)
