@@ -150,7 +150,9 @@ class ElasticJob:
         driver = ElasticDriver(hosts, spawner, _StoreChannel(server, scope),
                                num_proc=self.num_proc, min_np=self.min_np, max_np=self.max_np,
                                policy=policy, elastic_timeout=self.elastic_timeout,
-                               start_timeout=self.start_timeout, log=self.log)
+                               start_timeout=self.start_timeout,
+                               rejoin_timeout=contract.elastic_rejoin_timeout(self.base_env),
+                               log=self.log)
         driver_box["d"] = driver
         self.log(f"elastic job {job_id}: {self.num_proc} process(es) to start, min "
                  f"{self.min_np}, max {self.max_np or 'all slots'}; rendezvous on {bind_host} "

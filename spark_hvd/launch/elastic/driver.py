@@ -13,8 +13,10 @@ on failures (``policy``), blacklists hosts (``hosts``), counts resets, and holds
 - a process that exits without a ``done`` or ``error`` report, or whose listener connection
   closes or times out (a silent host, after the peer timeout): lost at once, the other members
   get an ``abort`` notice (their core fails the current op with its cause);
-- a member that has not rejoined ``join_grace`` after a reset began gets ``abort``; after the
-  elastic timeout it is declared frozen: stopped, its host blacklisted;
+- a member that has not rejoined ``join_grace`` after a reset began gets ``abort``; one that
+  has not rejoined ``rejoin_timeout`` after it began (a live process fails its op at the abort
+  and rejoins at once: this one is frozen, stopped with SIGSTOP, or hung in a call that never
+  returns) is stopped and its host blacklisted, and the round forms without it;
 - a new worker not joined within the start timeout: stopped, its host blacklisted;
 - fewer than ``min_np`` processes available: wait for discovery until the elastic timeout;
 - resets beyond ``reset_limit``, a user exception, all state lost: ERRORED, naming the cause.
@@ -48,6 +50,8 @@ TRANSITIONS = {
     ERRORED: set(),
 }
 DEFAULT_JOIN_GRACE_SECONDS = 10.0
+# A member that has not rejoined this long after a reset began is frozen (see above).
+DEFAULT_REJOIN_TIMEOUT_SECONDS = 60.0
 # A listener connection that closed while its process lives on is a loss after this long.
 _CLOSED_GRACE_SECONDS = 2.0
 
@@ -132,7 +136,8 @@ class ElasticDriver:
     def __init__(self, host_manager, spawner: Spawner, channel: Channel, *, num_proc: int,
                  min_np: int, max_np: int | None, policy: _policy.FailurePolicy,
                  elastic_timeout: float, start_timeout: float,
-                 join_grace: float = DEFAULT_JOIN_GRACE_SECONDS, clock=time.monotonic,
+                 join_grace: float = DEFAULT_JOIN_GRACE_SECONDS,
+                 rejoin_timeout: float = DEFAULT_REJOIN_TIMEOUT_SECONDS, clock=time.monotonic,
                  wall=time.time, log=None):
         self.hosts = host_manager
         self.spawner = spawner
@@ -143,7 +148,9 @@ class ElasticDriver:
         self.policy = policy
         self.elastic_timeout = float(elastic_timeout)
         self.start_timeout = float(start_timeout)
-        self.join_grace = float(join_grace)
+        # The abort goes out before a member can be declared frozen.
+        self.rejoin_timeout = min(float(rejoin_timeout), float(elastic_timeout))
+        self.join_grace = min(float(join_grace), self.rejoin_timeout / 2)
         self.clock = clock
         self.wall = wall
         self._log = log or (lambda message, level="INFO": None)
@@ -667,11 +674,12 @@ class ElasticDriver:
                     w.aborted_round = self.round
                     self._notify(w, {"kind": proto.NOTICE_ABORT, "round": self.round,
                                      "why": f"spark_hvd elastic reset: {self._reset_cause}"})
-                if now - started >= self.elastic_timeout:
+                if now - started >= self.rejoin_timeout:
                     self._stop(w)
                     self._lose(w, Failure(_policy.HOST_FROZEN, w.host, f"{w.describe()} did "
-                                          f"not rejoin within {self.elastic_timeout:g} s "
-                                          "(--elastic-timeout): frozen or hung"))
+                                          f"not rejoin within {self.rejoin_timeout:g} s of the "
+                                          "reset (SPARK_HVD_ELASTIC_REJOIN_SECONDS), its abort "
+                                          "unanswered: frozen or hung"))
                     if self.state != RESETTING:
                         return
         self._tick_newcomers(now)
