@@ -63,13 +63,15 @@ class DriverChannel:
     """The driver's end: serves the store and copies each rank's output to the sinks."""
 
     def __init__(self, job_id: str, secret: bytes, num_proc: int, bind_host: str,
-                 advertise_host: str, sinks: dict[bytes, object]):
+                 advertise_host: str, sinks: dict[bytes, object], **server_options):
         self.job_id = job_id
         self.num_proc = num_proc
         self._secret = secret
         self._sinks = sinks
-        self._server = RendezvousServer(secret, bind_host=bind_host)
-        port = self._server.start()
+        # The store itself: run_elastic's driver also serves its elastic scope here
+        # (``server_options``: the store's hooks, see RendezvousServer).
+        self.server = RendezvousServer(secret, bind_host=bind_host, **server_options)
+        port = self.server.start()
         local = "127.0.0.1" if bind_host in ("0.0.0.0", "") else bind_host
         self._local_addr = _addr(local, port)
         self.addr = _addr(advertise_host, port)
@@ -82,7 +84,16 @@ class DriverChannel:
         for t in self._readers:
             t.start()
 
-    def _read_output(self, rank: int) -> None:
+    def follow(self, key: str, sinks: dict[bytes, object]) -> None:
+        """Copy the output that the task channel named ``key`` sends to ``sinks`` (a
+        run_elastic slot task, whose name is not a rank: its worker's rank changes)."""
+        t = threading.Thread(target=self._read_output, args=(key, sinks), daemon=True,
+                             name=f"spark-hvd-output-{key}")
+        self._readers.append(t)
+        t.start()
+
+    def _read_output(self, rank, sinks=None) -> None:
+        sinks = sinks or self._sinks
         try:
             client = KVClient(self._local_addr, self._secret, timeout=10)
         except RuntimeError:
@@ -96,11 +107,12 @@ class DriverChannel:
                 except RuntimeError:
                     return  # the server stopped: the run is over
                 if chunk == EOF:
-                    self._eof[rank].set()
+                    if isinstance(rank, int):
+                        self._eof[rank].set()
                     client.delete_scope(scope)
                     return
                 for tag, line in decode_lines(chunk):
-                    sink = self._sinks.get(tag) or self._sinks[STDERR]
+                    sink = sinks.get(tag) or sinks[STDERR]
                     sink.write_line(line)
                 if seq % WINDOW == WINDOW - 1:
                     client.delete_scope(scope)
@@ -169,7 +181,7 @@ class DriverChannel:
 
     def close(self) -> None:
         self._client.close()
-        self._server.stop()
+        self.server.stop()
         for t in self._readers:
             t.join(timeout=2)
 

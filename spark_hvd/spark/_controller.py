@@ -213,23 +213,30 @@ def assemble_results(rows, num_proc: int) -> list:
             for r in range(num_proc)]
 
 
+def take_run_arguments(run, fn, args, kwargs, start_timeout, env, stdout, stderr, verbose, nics,
+                       prefix_output_with_timestamp, executable, spark) -> None:
+    """Keeps on ``run`` (a controller) the arguments ``run`` and ``run_elastic`` share."""
+    run.fn, run.args, run.kwargs = fn, tuple(args), dict(kwargs or {})
+    run.start_timeout = _start_timeout(start_timeout)
+    run.env = forwarded_env(env)
+    run.stdout = LineSink(stdout if stdout is not None else sys.stdout)
+    run.stderr = LineSink(stderr if stderr is not None else sys.stderr)
+    run.verbose = verbose
+    run.nics = nics
+    run.timestamp = prefix_output_with_timestamp
+    run.executable = executable
+    run.spark = spark
+
+
 class RunController:
     """One call of ``spark_hvd.spark.run``."""
 
     def __init__(self, fn, args=(), kwargs=None, num_proc=None, start_timeout=None, env=None,
                  stdout=None, stderr=None, verbose=1, nics=None,
                  prefix_output_with_timestamp=False, executable=None, spark=None):
-        self.fn, self.args, self.kwargs = fn, tuple(args), dict(kwargs or {})
+        take_run_arguments(self, fn, args, kwargs, start_timeout, env, stdout, stderr, verbose,
+                           nics, prefix_output_with_timestamp, executable, spark)
         self.num_proc = num_proc
-        self.start_timeout = _start_timeout(start_timeout)
-        self.env = forwarded_env(env)
-        self.stdout = LineSink(stdout if stdout is not None else sys.stdout)
-        self.stderr = LineSink(stderr if stderr is not None else sys.stderr)
-        self.verbose = verbose
-        self.nics = nics
-        self.timestamp = prefix_output_with_timestamp
-        self.executable = executable
-        self.spark = spark
         self.state: State | None = None
         # The states left so far and the seconds spent in each, in order.
         self.history: list[tuple[State, float]] = []
