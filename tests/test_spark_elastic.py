@@ -91,6 +91,17 @@ def test_executor_key_names_the_executor():
     assert executor_key("h", {}) == f"executor-pid{os.getppid()}@h"
 
 
+def test_a_worker_killed_on_a_live_executor_does_not_bar_it():
+    from spark_hvd.launch.elastic.policy import (HOST_LOST, PROCESS_LOST, RESET, Failure,
+                                                 FailurePolicy)
+    spark = FailurePolicy(process_lost_blacklists=False)   # run_elastic's
+    decision = spark.decide(Failure(PROCESS_LOST, "executor-1@h", "killed by signal 9"))
+    assert decision.action == RESET and decision.blacklist == ()
+    assert spark.decide(Failure(HOST_LOST, "executor-1@h", "lost")).blacklist == \
+        ("executor-1@h",)
+    assert FailurePolicy().decide(Failure(PROCESS_LOST, "h", "x")).blacklist == ("h",)
+
+
 def test_horovod_signature():
     import inspect
 

@@ -422,8 +422,12 @@ class ElasticRunController:
             peer_timeout=peer_timeout)
         self.channel_addr = channel.addr
         spawner = box["spawner"] = SparkSlotSpawner(channel.server, slots_scope, slots, post)
+        # A worker killed on a live executor does not make the executor a bad place: its
+        # slot job is submitted again and runs the next worker there (a lost executor is
+        # never back: its id is not reused).
         policy = FailurePolicy(reset_limit=self.reset_limit, min_np=sizes.min_np,
-                               elastic_timeout=self.elastic_timeout)
+                               elastic_timeout=self.elastic_timeout,
+                               process_lost_blacklists=False)
         hosts = HostManager(slots, cooldown_range=self.cooldown_range)
         driver = self.driver = box["driver"] = ElasticDriver(
             hosts, spawner, StoreChannel(channel.server, elastic_scope),
