@@ -49,8 +49,9 @@ DEFAULT_PEER_TIMEOUT_SECONDS = 25.0
 DISCOVER_SECONDS = 1.0
 # A slot job that ended is submitted again after this long, while the run goes on.
 RESUBMIT_SECONDS = 1.0
-# At the end, idle slot tasks are told to stop, and their jobs cancelled after this long.
-_END_WAIT_SECONDS = 10.0
+# At the end, idle slot tasks are told to stop, and the slot jobs still there (pending ones:
+# Spark had no room for them) cancelled after this long. Every result is in by then.
+_END_WAIT_SECONDS = 2.0
 _TASK_LINE = b"spark_hvd.spark: "
 
 
@@ -496,7 +497,7 @@ class ElasticRunController:
         if self.slot_jobs is not None:
             if not self.slot_jobs.join(_END_WAIT_SECONDS):
                 self.slot_jobs.cancel()
-                self.slot_jobs.join(_END_WAIT_SECONDS)
+                self.slot_jobs.join(10.0)
         channel.close()
 
     def _error(self, outcome) -> RunError:

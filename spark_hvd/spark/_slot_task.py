@@ -163,9 +163,12 @@ class _SlotTask:
         for t in self.output_threads:
             t.join(timeout=max(0.0, deadline - time.monotonic()))
         self.channel.close_output(timeout=5.0)  # its last lines reach the driver first
-        self._send_result(code)
-        self.client.put(self.scope, f"exited/{self.key}",
-                        json.dumps({"wid": self.wid, "code": code}).encode())
+        try:
+            self._send_result(code)
+            self.client.put(self.scope, f"exited/{self.key}",
+                            json.dumps({"wid": self.wid, "code": code}).encode())
+        except RuntimeError:
+            pass  # the driver is gone (the run ended): nobody is left to tell
 
     def _wait(self, key: str):
         """The driver's answer under ``key`` (JSON), or None when the driver is gone."""

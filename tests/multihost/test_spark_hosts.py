@@ -157,8 +157,9 @@ def test_lost_host_during_a_fit_that_survives(spark_bed, tmp_path):
     assert "spark_hvd: fit surviving_run: reset 1 of 3 in memory: lost rank" in out, \
         out[-4000:] + err[-4000:]
     assert f"@{victim.addr}" in out, out[-4000:]
+    reset = next(line for line in out.splitlines() if "reset 1 of 3 in memory" in line)
     print(f"fit with a host killed {time.time() - killed_at:.0f} s before it returned; "
-          f"{result['fit_seconds']:.0f} s in all")
+          f"{result['fit_seconds']:.0f} s in all; {reset}")
 
 
 def test_network_interface_from_the_spark_configuration(spark_bed, tmp_path):
