@@ -73,6 +73,23 @@ def test_sizes_from_dynamic_allocation_defaults():
     assert "max unbounded" in s.source
 
 
+def test_sizes_from_a_session(spark):
+    from spark_hvd.spark import _session
+    conf = _session.dynamic_allocation_conf(spark)   # local[2]: no dynamic allocation set
+    assert "spark.dynamicAllocation.enabled" not in conf or conf[
+        "spark.dynamicAllocation.enabled"] == "false"
+    s = elastic_sizes(None, None, None, conf, lambda: _session.default_num_proc(spark))
+    assert (s.num_proc, s.min_np, s.max_np, s.source) == (2, 2, 2, "spark.default.parallelism")
+
+
+def test_too_few_slots_on_a_local_master_fail_at_once(spark):
+    import spark_hvd.spark
+    t0 = time.monotonic()
+    with pytest.raises(spark_hvd.spark.RunError, match=r"num_proc=3.*offers 2 task slot"):
+        spark_hvd.spark.run_elastic(lambda: None, num_proc=3, spark=spark)
+    assert time.monotonic() - t0 < 10
+
+
 def test_sizes_that_contradict_each_other_are_refused():
     with pytest.raises(ValueError, match="below min_num_proc"):
         elastic_sizes(2, 3, None, {}, _parallelism(4))

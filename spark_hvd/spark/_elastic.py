@@ -360,6 +360,13 @@ class ElasticRunController:
         conf = _session.dynamic_allocation_conf(spark)
         self.sizes = sizes = elastic_sizes(*self.requested, conf,
                                            lambda: _session.default_num_proc(spark))
+        slots = _session.total_slots(spark)
+        if _session.is_local_master(spark) and slots is not None and slots < sizes.num_proc:
+            # A local master never gains executors: say so now, not after start_timeout.
+            raise RunError(f"spark_hvd.spark.run_elastic(num_proc={sizes.num_proc}) starts "
+                           f"{sizes.num_proc} Spark tasks at once, but this local master "
+                           f"({_session.master(spark)}) offers {slots} task slot(s). Lower "
+                           "num_proc.", state="starting")
         self.log(f"elastic job {self.job_id}: {sizes.num_proc} process(es) to start, min "
                  f"{sizes.min_np}, max {sizes.max_np} ({sizes.source})")
         iface = network_interface(spark, self.nics)
