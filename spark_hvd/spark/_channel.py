@@ -13,6 +13,11 @@ Spark has no way to carry while the stage runs:
   ``abort`` (set by the first failure: every task stops its rank at once) and ``user_error``
   (an exception in ``fn``: a retried stage attempt refuses to run it again).
 
+``run_elastic`` serves its elastic protocol from the same store (``DriverChannel.server``
+with the store's hooks): the workers' ``<job>/elastic`` scope, the slot tasks' ``<job>/slots``
+scope (registrations, work, exits, results), and each slot task's output under its task key
+(:meth:`DriverChannel.follow`).
+
 Every task reaches the driver when the driver is Spark's (its address is ``spark.driver.host``,
 which executors reach by construction). A Spark Connect client may not be reachable from the
 executors: then each task writes its ranks' output to its executor log instead and the run

@@ -3,7 +3,7 @@
     STARTING ──> RUNNING ──────────> FINISHED
         │         │    ▲
         │         ▼    │
-        │       RESTARTING            (no policy enters it yet: fault-tolerant fitting)
+        │       RESTARTING            (no policy enters it: see below)
         │         │
         └─────────┴──────────────> ERRORED   (from STARTING, RUNNING or RESTARTING)
 
@@ -23,8 +23,10 @@ RUNNING    one barrier stage of ``num_proc`` tasks through ``mapInArrow(..., bar
            wait for the lost task slots, resubmitting the barrier stage). Then each rank's
            pickled result, in rank order, and the ranks' last output lines.
 RESTARTING the failed attempt's ranks are stopped and a new attempt is prepared, then RUNNING
-           again. :meth:`RunController._after_failure` is where a retry policy will choose it
-           over ERRORED; today every failure is final.
+           again. :meth:`RunController._after_failure` is where a retry policy would choose
+           it over ERRORED; every failure is final here: a fit's retries
+           (``estimators/_fit_retry.py``) call ``run`` again on the task slots free then, and
+           ``run_elastic`` (``_elastic``) survives lost ranks without a restart.
 FINISHED   the ranks' results (terminal).
 ERRORED    the failing rank's report (its traceback) is the :class:`RunError`; the other tasks
            were told to stop their ranks, and the driver waited (bounded) until they did
@@ -316,7 +318,8 @@ class RunController:
 
     def _after_failure(self, error: BaseException) -> State:
         """The state after a step failed with ``error``. Every failure ends the run today;
-        fault-tolerant fitting will return RESTARTING here while its retries last."""
+        a fit's retries run a new ``run`` instead (``estimators/_fit_retry.py``), on the task
+        slots free then."""
         self.error = error
         if isinstance(error, RunError):
             error.state = self.state.value
