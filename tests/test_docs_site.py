@@ -256,3 +256,33 @@ def test_every_troubleshooting_message_is_in_the_code():
                         if p.suffix in (".py", ".cc", ".h") and p.is_file())
     missing = [m for m in messages if m not in sources]
     assert not missing, f"docs/troubleshooting.md quotes messages the code no longer has: {missing}"
+
+
+# -- the README is a landing page whose links resolve ------------------------------------------------
+
+def _slug(heading: str) -> str:
+    """GitHub's (and MyST's) anchor of a heading."""
+    text = re.sub(r"[`*]", "", heading.strip().lower())
+    return re.sub(r"[^\w\- ]", "", text).replace(" ", "-")
+
+
+def test_readme_is_a_landing_page_whose_links_resolve():
+    readme = (REPO / "README.md").read_text()
+    assert len(readme.splitlines()) <= 220, "the README is the landing page: the manual is docs/"
+    links = re.findall(r"\]\(([^)\s]+)\)", readme)
+    local = [link for link in links if not re.match(r"[a-z]+:", link)]
+    assert len(local) >= 20, local
+    broken = []
+    for link in local:
+        path, _, anchor = link.partition("#")
+        target = REPO / path
+        if not target.is_file():
+            broken.append(link)
+            continue
+        if anchor:
+            headings = re.findall(r"^#+ (.+)$", target.read_text(), re.M)
+            if anchor not in {_slug(h) for h in headings}:
+                broken.append(link)
+    assert not broken, broken
+    assert all(link.startswith("docs/") for link in local), \
+        "the README links into the site (docs/), which is the manual"

@@ -49,6 +49,7 @@ def test_block_runs(snippet, tmp_path):
     env = job_env()
     env["PATH"] = os.pathsep.join([str(REPO / ".venv" / "bin"), os.path.dirname(PY),
                                    env.get("PATH", "")])
+    env["PYSPARK_PYTHON"] = PY  # Spark's Python workers: this environment's Python
     if snippet.action == "shell":
         cmd, cwd = ["bash", "-euo", "pipefail", "-c", snippet.code], REPO
     else:

@@ -200,8 +200,13 @@ SETTINGS = {
         5.0, "`spark-hvd-run`: seconds between SIGTERM and SIGKILL when it stops the ranks",
         _START),
     "ELASTIC_TIMEOUT": Setting(
-        contract.DEFAULT_ELASTIC_TIMEOUT, "seconds an elastic job may spend re-forming (launcher: `--elastic-timeout`)",
-        _ELASTIC, horovod=True, see="elastic.md"),
+        contract.DEFAULT_ELASTIC_TIMEOUT, "elastic jobs: how long the job may wait to re-form "
+        "(too few processes) before it fails (launcher: `--elastic-timeout`)", _ELASTIC,
+        horovod=True, see="elastic.md"),
+    "ELASTIC_REJOIN_SECONDS": Setting(
+        contract.DEFAULT_ELASTIC_REJOIN, "elastic jobs: a member that has not rejoined this long "
+        "after a reset began (it ignored the abort: frozen) is stopped and its host blacklisted",
+        _ELASTIC, see="elastic.md"),
     "ELASTIC_ON_USER_ERROR": Setting(
         "raise", "`raise`: an exception in the user's code ends an elastic job; `blacklist`: "
         "its host is treated as lost (Horovod's behaviour)", _ELASTIC, see="elastic.md"),
@@ -341,7 +346,7 @@ class Config:
         self.timeline_mark_cycles = env_flag("TIMELINE_MARK_CYCLES")
         self.dynamic_process_sets = env_flag("DYNAMIC_PROCESS_SETS")
         # Hierarchical collectives on sets that span hosts: 1 forces them on, 0 off, unset -1
-        # lets the core choose (see the README's "Hierarchical collectives").
+        # lets the core choose (see docs/multi-host.md, "Hierarchical collectives").
         self.hierarchical_allreduce = env_switch("HIERARCHICAL_ALLREDUCE")
         self.hierarchical_allgather = env_switch("HIERARCHICAL_ALLGATHER")
         self.log_level = log_level()

@@ -2,7 +2,8 @@
 with each (``tests/test_docs_snippets.py``).
 
 Every fenced block names its language. A block in a code language (python, bash, sh) says on the
-line before it, in a MyST comment (not shown on the site), how it is tested:
+line before it, in a MyST comment (not shown on the site; in the README, which GitHub renders
+too, an HTML comment ``<!-- test: ... -->``), how it is tested:
 
     % test: run [np=N] [setup=NAME] [timeout=S] [slow]
         Python: run it (with ``np=N``: under ``spark-hvd-run -np N``); ``setup=NAME`` puts
@@ -31,7 +32,8 @@ OUTPUT_LANGUAGES = {"text", "json", "yaml", "ini", "toml"}
 ACTIONS = {"run", "shell", "skip"}
 
 _FENCE = re.compile(r"^(?P<indent> {0,3})(?P<fence>`{3,}|~{3,})(?P<info>[^`]*)$")
-_MARK = re.compile(r"^%\s*test:\s*(?P<action>\w+)\s*(?P<rest>.*)$")
+# "% test: ..." (a MyST comment), or "<!-- test: ... -->" in the README, which GitHub shows too.
+_MARK = re.compile(r"^(?:%|<!--)\s*test:\s*(?P<action>\w+)\s*(?P<rest>.*?)\s*(?:-->)?$")
 
 
 @dataclasses.dataclass
