@@ -32,6 +32,7 @@ RUN = [_param(s) for s in CODE if s.action in ("run", "shell")]
 def test_every_block_is_marked():
     assert len(CODE) >= 20, f"only {len(CODE)} code blocks found"
     problems = [p for s in ALL for p in s.problems()]
+    problems += [p for page in _snippets.pages(REPO) for p in _snippets.stray_marks(page)]
     assert not problems, "\n".join(problems)
 
 

@@ -120,6 +120,19 @@ def snippets(path: Path) -> list[Snippet]:
     return found
 
 
+def stray_marks(path: Path) -> list[str]:
+    """Test comments that no code block follows (a marker must stand right before its block)."""
+    lines = Path(path).read_text().split("\n")
+    used = set()
+    for snippet in snippets(path):
+        k = snippet.line - 2
+        while k >= 0 and not lines[k].strip():
+            k -= 1
+        used.add(k)
+    return [f"{path}:{i + 1}: a test comment that no code block follows"
+            for i, line in enumerate(lines) if _MARK.match(line.strip()) and i not in used]
+
+
 def pages(repo: Path) -> list[Path]:
     """The Markdown the snippets come from: the README and docs/ (less what the build writes)."""
     docs = repo / "docs"
