@@ -2,6 +2,8 @@
 // ring (or recursive doubling) on a sub-communicator of the set.
 #include "hierarchical.h"
 
+#include <sys/prctl.h>
+
 #include <algorithm>
 #include <condition_variable>
 #include <exception>
@@ -125,16 +127,32 @@ struct SegmentSteps {
   }
 };
 
-// Runs the cross-host step of the segments posted to it, in order, on a thread of its own, so
+}  // namespace
+
+// Runs the cross-host steps of the segments posted to it, in order, on a thread of its own, so
 // that the wire between hosts carries one segment while the engine thread moves the
 // neighbouring ones within the host. Its links (the cross ring's) are not the engine thread's
-// (the host's) in the meantime.
-class CrossHostThread {
+// (the host's) in the meantime. One per hierarchy, for the set's life: each call begins a run,
+// posts its segments, waits for them and ends the run; between runs the thread sleeps.
+class CrossHostWorker {
  public:
-  explicit CrossHostThread(std::function<void(size_t)> run)
-      : run_(std::move(run)), thread_([this] { loop(); }) {}
-  ~CrossHostThread() { finish(); }
+  CrossHostWorker() : thread_([this] { loop(); }) {}
+  ~CrossHostWorker() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+      cv_.notify_all();
+    }
+    thread_.join();
+  }
 
+  // A new run: segment k goes through `run(k)` once posted.
+  void begin(std::function<void(size_t)> run) {
+    std::lock_guard<std::mutex> lock(mu_);
+    run_ = std::move(run);
+    posted_ = done_ = 0;
+    error_ = nullptr;
+  }
   void post(size_t segment) {
     std::lock_guard<std::mutex> lock(mu_);
     posted_ = segment + 1;
@@ -146,35 +164,35 @@ class CrossHostThread {
     cv_.wait(lock, [&] { return done_ > segment || error_; });
     if (error_) std::rethrow_exception(error_);
   }
-  // Lets the segment in hand finish (or fail: after an error the caller raises the abort flag,
-  // which every link wait checks) and joins.
-  void finish() {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      stop_ = true;
-      cv_.notify_all();
-    }
-    if (thread_.joinable()) thread_.join();
+  // Ends the run: lets the segment in hand finish (or fail: after an error the caller raises
+  // the abort flag, which every link wait checks), and posts nothing more.
+  void end() {
+    std::unique_lock<std::mutex> lock(mu_);
+    posted_ = std::min(posted_, done_ + (busy_ ? 1 : 0));
+    cv_.wait(lock, [&] { return !busy_; });
+    run_ = nullptr;
   }
 
  private:
   void loop() {
-    for (size_t k = 0;; ++k) {
-      {
-        std::unique_lock<std::mutex> lock(mu_);
-        cv_.wait(lock, [&] { return posted_ > k || stop_; });
-        if (posted_ <= k) return;
-      }
+    prctl(PR_SET_NAME, "shvd-cross", 0, 0, 0);  // visible in top -H, perf, gdb
+    std::unique_lock<std::mutex> lock(mu_);
+    for (;;) {
+      cv_.wait(lock, [&] { return stop_ || (posted_ > done_ && !error_); });
+      if (stop_) return;
+      const size_t k = done_;
+      busy_ = true;
+      lock.unlock();
+      std::exception_ptr error;
       try {
         run_(k);
       } catch (...) {
-        std::lock_guard<std::mutex> lock(mu_);
-        error_ = std::current_exception();
-        cv_.notify_all();
-        return;
+        error = std::current_exception();
       }
-      std::lock_guard<std::mutex> lock(mu_);
-      done_ = k + 1;
+      lock.lock();
+      busy_ = false;
+      if (error) error_ = error;
+      else done_ = k + 1;
       cv_.notify_all();
     }
   }
@@ -183,12 +201,13 @@ class CrossHostThread {
   std::mutex mu_;
   std::condition_variable cv_;
   size_t posted_ = 0, done_ = 0;
-  bool stop_ = false;
+  bool busy_ = false, stop_ = false;
   std::exception_ptr error_;
   std::thread thread_;  // last: starts once the rest is constructed
 };
 
-}  // namespace
+Hierarchy::Hierarchy() = default;
+Hierarchy::~Hierarchy() = default;
 
 void allreduce_hierarchical(const Communicator& comm, void* buf, size_t count, DataType dtype,
                             ReduceOp op, size_t ring_threshold_bytes, Scratch& scratch,
@@ -218,8 +237,9 @@ void allreduce_hierarchical(const Communicator& comm, void* buf, size_t count, D
   // allgather.
   auto at = [&](size_t k) { return base + k * segment * esize; };
   auto len = [&](size_t k) { return std::min(segment, count - k * segment); };
-  CrossHostThread crossing(
-      [&](size_t k) { steps.cross(at(k), len(k), h.cross_scratch); });
+  if (!h.cross_worker) h.cross_worker = std::make_unique<CrossHostWorker>();
+  CrossHostWorker& crossing = *h.cross_worker;
+  crossing.begin([&](size_t k) { steps.cross(at(k), len(k), h.cross_scratch); });
   try {
     {
       Step s(step, "INTRA_HOST_REDUCESCATTER");
@@ -241,9 +261,10 @@ void allreduce_hierarchical(const Communicator& comm, void* buf, size_t count, D
   } catch (const std::exception& e) {
     // The crossing thread may wait on a peer that waits for us: make its waits fail too.
     global_abort().raise(e.what());
-    crossing.finish();
+    crossing.end();
     throw;
   }
+  crossing.end();
 }
 
 void allgather_hierarchical(const Communicator& comm, void* out, const std::vector<size_t>& bytes,

@@ -11,10 +11,11 @@
 //                                  index on the other hosts (one ring per lane, all at
 //                                  once; recursive doubling when the block is latency-bound)
 //     3. INTRA_HOST_ALLGATHER      ring allgather of the blocks among my host's members
-//   Large buffers go segment by segment through the three steps, pipelined: a thread of the
-//   call's own runs the cross-host step of one segment while the engine thread runs the
-//   intra-host steps of its neighbours, so the wire between hosts is not idle while the host's
-//   members exchange.
+//   Large buffers go segment by segment through the three steps, pipelined: the hierarchy's
+//   helper thread (CrossHostWorker, started at the first such call and kept for the set's
+//   life) runs the cross-host step of one segment while the engine thread runs the intra-host
+//   steps of its neighbours, so the wire between hosts is not idle while the host's members
+//   exchange.
 //   Each block is reduced by one member per host and then by an allreduce whose results are
 //   the same bytes on every member of its ring; the last step copies bytes: every member ends
 //   with bitwise equal results.
@@ -43,6 +44,9 @@
 
 namespace shvd {
 
+// Runs the cross-host steps of a pipelined collective on a thread of its own (hierarchical.cc).
+class CrossHostWorker;
+
 // How a communicator's members sit on hosts. Every member derives it from the same table of
 // host ids (the rendezvous'), so all members agree on it, and on whether it exists, without a
 // message.
@@ -62,6 +66,12 @@ struct Hierarchy {
   std::vector<int> host_first, host_size;
   // The cross-host steps' scratch: they run on a thread of their own (allreduce_hierarchical).
   mutable Scratch cross_scratch;
+  // That thread, made at the first pipelined call (a new thread per call cost a creation and
+  // a join, each a scheduling delay of up to milliseconds on a busy host).
+  mutable std::unique_ptr<CrossHostWorker> cross_worker;
+
+  Hierarchy();
+  ~Hierarchy();
 
   // `total` split into one block per lane, then empty blocks up to my host's size: how a
   // buffer (or a host's region) is shared among the host's members.
