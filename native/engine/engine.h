@@ -61,7 +61,8 @@ struct EngineOptions {
   // (a training step's gradients, latency-bound loops) then skip two thread wake-ups each.
   double spin_microseconds = 200;
   double cycle_time_ms = 0.5;  // a burst's window (see Engine::in_burst_)
-  // See Engine::overlap_. -1: decide from the host (off when ranks * 2 threads > CPUs).
+  // See Engine::overlap_. -1: decide from the host (off when ranks * 2 threads > CPUs, unless
+  // the job spans hosts).
   int overlap = -1;
   // Negotiate cached allreduces through shared memory when every rank shares this host
   // (negotiation_board.h). Rank 0's setting applies to every rank.
