@@ -6,9 +6,13 @@
 
 #include <algorithm>
 #include <condition_variable>
+#include <cstring>
 #include <exception>
 #include <mutex>
 #include <thread>
+
+#include "../kernels/reduce_kernels.h"
+#include "shared_memory_group_internal.h"
 
 namespace shvd {
 
@@ -111,8 +115,11 @@ struct SegmentSteps {
   }
   void cross(uint8_t* seg, size_t count, Scratch& scratch) const {
     const std::vector<size_t> counts = blocks(count);
-    const size_t mine = counts[h.local.rank];
-    void* block = seg + prefix_offsets(counts)[h.local.rank] * dtype_size(dtype);
+    cross_block(seg + prefix_offsets(counts)[h.local.rank] * dtype_size(dtype),
+                counts[h.local.rank], scratch);
+  }
+  // My block of a segment, `mine` elements wherever they are.
+  void cross_block(void* block, size_t mine, Scratch& scratch) const {
     if (allreduce_latency_bound(mine * dtype_size(dtype), mine, h.cross.size,
                                 ring_threshold_bytes)) {
       if (mine > 0) allreduce_recursive_doubling(h.cross, block, mine, dtype, op, scratch);
@@ -209,6 +216,61 @@ class CrossHostWorker {
 Hierarchy::Hierarchy() = default;
 Hierarchy::~Hierarchy() = default;
 
+namespace {
+
+// Runs `segments` segments through the three steps: reduce(k) and share(k) on this thread,
+// cross(k, scratch) on the hierarchy's helper thread when there are several, pipelined: while
+// segment k crosses, this thread shares segment k - 1 and reduces segment k + 1 within the
+// host. The timeline shows the first segment's reduce, the overlapped middle as
+// CROSS_HOST_ALLREDUCE, and the last segment's share.
+template <typename Reduce, typename Cross, typename Share>
+void run_segments(const Hierarchy& h, size_t segments, Reduce reduce, Cross cross, Share share,
+                  Scratch& scratch, const StepMarker& step) {
+  if (segments < 2) {
+    {
+      Step s(step, "INTRA_HOST_REDUCESCATTER");
+      reduce(0);
+    }
+    {
+      Step s(step, "CROSS_HOST_ALLREDUCE");
+      cross(0, scratch);
+    }
+    Step s(step, "INTRA_HOST_ALLGATHER");
+    share(0);
+    return;
+  }
+  if (!h.cross_worker) h.cross_worker = std::make_unique<CrossHostWorker>();
+  CrossHostWorker& crossing = *h.cross_worker;
+  crossing.begin([&](size_t k) { cross(k, h.cross_scratch); });
+  try {
+    {
+      Step s(step, "INTRA_HOST_REDUCESCATTER");
+      reduce(0);
+    }
+    crossing.post(0);
+    {
+      Step s(step, "CROSS_HOST_ALLREDUCE");
+      for (size_t k = 1; k < segments; ++k) {
+        reduce(k);
+        crossing.post(k);
+        crossing.wait(k - 1);
+        share(k - 1);
+      }
+      crossing.wait(segments - 1);
+    }
+    Step s(step, "INTRA_HOST_ALLGATHER");
+    share(segments - 1);
+  } catch (const std::exception& e) {
+    // The crossing thread may wait on a peer that waits for us: make its waits fail too.
+    global_abort().raise(e.what());
+    crossing.end();
+    throw;
+  }
+  crossing.end();
+}
+
+}  // namespace
+
 void allreduce_hierarchical(const Communicator& comm, void* buf, size_t count, DataType dtype,
                             ReduceOp op, size_t ring_threshold_bytes, Scratch& scratch,
                             const StepMarker& step) {
@@ -217,54 +279,114 @@ void allreduce_hierarchical(const Communicator& comm, void* buf, size_t count, D
   auto* base = static_cast<uint8_t*>(buf);
   const size_t esize = dtype_size(dtype);
   const size_t segment = std::max<size_t>(1, kHierarchicalSegmentBytes / esize);
-  const size_t segments = (count + segment - 1) / segment;
-  if (segments < 2) {
-    {
-      Step s(step, "INTRA_HOST_REDUCESCATTER");
-      steps.reduce_scatter(base, count, scratch);
-    }
-    {
-      Step s(step, "CROSS_HOST_ALLREDUCE");
-      steps.cross(base, count, scratch);
-    }
-    Step s(step, "INTRA_HOST_ALLGATHER");
-    steps.allgather(base, count);
-    return;
-  }
-  // Pipelined: while segment k crosses, the engine thread gathers segment k - 1 and
-  // reduce-scatters segment k + 1 within the host. The timeline shows the first segment's
-  // reduce-scatter, the overlapped middle as CROSS_HOST_ALLREDUCE, and the last segment's
-  // allgather.
   auto at = [&](size_t k) { return base + k * segment * esize; };
   auto len = [&](size_t k) { return std::min(segment, count - k * segment); };
-  if (!h.cross_worker) h.cross_worker = std::make_unique<CrossHostWorker>();
-  CrossHostWorker& crossing = *h.cross_worker;
-  crossing.begin([&](size_t k) { steps.cross(at(k), len(k), h.cross_scratch); });
-  try {
-    {
-      Step s(step, "INTRA_HOST_REDUCESCATTER");
-      steps.reduce_scatter(at(0), len(0), scratch);
-    }
-    crossing.post(0);
-    {
-      Step s(step, "CROSS_HOST_ALLREDUCE");
-      for (size_t k = 1; k < segments; ++k) {
-        steps.reduce_scatter(at(k), len(k), scratch);
-        crossing.post(k);
-        crossing.wait(k - 1);
-        steps.allgather(at(k - 1), len(k - 1));
-      }
-      crossing.wait(segments - 1);
-    }
-    Step s(step, "INTRA_HOST_ALLGATHER");
-    steps.allgather(at(segments - 1), len(segments - 1));
-  } catch (const std::exception& e) {
-    // The crossing thread may wait on a peer that waits for us: make its waits fail too.
-    global_abort().raise(e.what());
-    crossing.end();
-    throw;
+  run_segments(
+      h, (count + segment - 1) / segment,
+      [&](size_t k) { steps.reduce_scatter(at(k), len(k), scratch); },
+      [&](size_t k, Scratch& s) { steps.cross(at(k), len(k), s); },
+      [&](size_t k) { steps.allgather(at(k), len(k)); }, scratch, step);
+}
+
+namespace {
+
+// The segments' steps in place in the arenas of my host's members (`views[m]`: member m's
+// tensors as I map them): as reduce-scatter, I reduce my block of every member's tensors into my
+// lane buffer; it crosses; as allgather, I write it, scaled, into every member's tensors. Nobody
+// else touches my block of anyone's tensors, so the agreement before and the release after
+// are the only waits within the host.
+void hierarchical_in_arenas(const Hierarchy& h, const SegmentSteps& steps,
+                            const std::vector<std::vector<TensorSpan>>& views, size_t count,
+                            double scale, Scratch& scratch, const StepMarker& step) {
+  const int me = h.local.rank, n = h.local.size;
+  if (me >= h.lanes) return;  // no block of my own: the lanes' members do my share
+  const size_t esize = dtype_size(steps.dtype);
+  const size_t segment = std::max<size_t>(1, kHierarchicalSegmentBytes / esize);
+  const size_t segments = (count + segment - 1) / segment;
+  std::vector<SegmentedBuffer> data;
+  for (int m = 0; m < n; ++m) data.emplace_back(views[m], esize);
+  // Segment k: my block is [pos[k], pos[k] + len[k]) of the tensors' bytes, at lane_at[k] in my
+  // lane buffer.
+  std::vector<size_t> pos(segments), len(segments), lane_at(segments + 1, 0);
+  for (size_t k = 0; k < segments; ++k) {
+    const size_t first = k * segment, elems = std::min(segment, count - first);
+    const std::vector<size_t> blocks = h.lane_blocks(elems);
+    pos[k] = (first + prefix_offsets(blocks)[me]) * esize;
+    len[k] = blocks[me] * esize;
+    lane_at[k + 1] = lane_at[k] + len[k];
   }
-  crossing.end();
+  if (h.lane_buffer.size() < lane_at[segments]) h.lane_buffer.resize(lane_at[segments]);
+  uint8_t* lane = h.lane_buffer.data();
+  auto reduce = [&](size_t k) {  // members in order: the same bits on every path
+    data[0].for_pieces(pos[k], len[k], [&](size_t i, size_t off, size_t bytes, size_t at) {
+      auto src = [&](int m) { return static_cast<const uint8_t*>(views[m][i].in) + off; };
+      uint8_t* dst = lane + lane_at[k] + at;
+      reduce_out(dst, src(0), src(1), bytes / esize, steps.dtype, steps.op);
+      for (int m = 2; m < n; ++m) reduce_into(dst, src(m), bytes / esize, steps.dtype, steps.op);
+    });
+  };
+  auto cross = [&](size_t k, Scratch& s) {
+    steps.cross_block(lane + lane_at[k], len[k] / esize, s);
+  };
+  auto share = [&](size_t k) {
+    if (scale != 1.0) scale_buffer(lane + lane_at[k], len[k] / esize, steps.dtype, scale);
+    for (int m = 0; m < n; ++m)
+      data[m].for_range(pos[k], len[k], [&](const uint8_t*, uint8_t* out, size_t bytes,
+                                            size_t at) {
+        std::memcpy(out, lane + lane_at[k] + at, bytes);
+      });
+  };
+  run_segments(h, segments, reduce, cross, share, scratch, step);
+}
+
+}  // namespace
+
+void allreduce_hierarchical_tensors(const Communicator& comm,
+                                    const std::vector<TensorSpan>& tensors, DataType dtype,
+                                    ReduceOp op, double scale, size_t ring_threshold_bytes,
+                                    Scratch& scratch, const StepMarker& step) {
+  const Hierarchy& h = *comm.hierarchy;
+  const size_t esize = dtype_size(dtype);
+  size_t count = 0;
+  for (const TensorSpan& t : tensors) count += t.count;
+  if (count == 0) return;
+  SharedMemoryGroup* group = h.host_group.get();
+  std::vector<std::vector<TensorSpan>> views;
+  if (group && group->arenas_worth_checking(count * esize) &&
+      group->map_members_arenas(h.local, tensors, esize, &views)) {
+    try {
+      hierarchical_in_arenas(h, SegmentSteps{h, dtype, op, ring_threshold_bytes}, views, count,
+                             scale, scratch, step);
+    } catch (const std::exception& e) {
+      // My host's other members wait for my release: make their waits fail too.
+      global_abort().raise(e.what());
+      throw;
+    }
+    group->release_members_arenas(h.local);
+    return;
+  }
+  // Packed as the engine packs a fusion buffer (a lone tensor in its own output).
+  uint8_t* buf = static_cast<uint8_t*>(tensors[0].out);
+  if (tensors.size() == 1) {
+    if (tensors[0].in != buf) std::memcpy(buf, tensors[0].in, count * esize);
+  } else {
+    if (h.packed.size() < count * esize) h.packed.resize(count * esize);
+    buf = h.packed.data();
+    size_t at = 0;
+    for (const TensorSpan& t : tensors) {
+      std::memcpy(buf + at, t.in, t.count * esize);
+      at += t.count * esize;
+    }
+  }
+  allreduce_hierarchical(comm, buf, count, dtype, op, ring_threshold_bytes, scratch, step);
+  if (scale != 1.0) scale_buffer(buf, count, dtype, scale);
+  if (tensors.size() > 1) {
+    size_t at = 0;
+    for (const TensorSpan& t : tensors) {
+      std::memcpy(t.out, buf + at, t.count * esize);
+      at += t.count * esize;
+    }
+  }
 }
 
 void allgather_hierarchical(const Communicator& comm, void* out, const std::vector<size_t>& bytes,

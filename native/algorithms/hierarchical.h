@@ -19,6 +19,12 @@
 //   Each block is reduced by one member per host and then by an allreduce whose results are
 //   the same bytes on every member of its ring; the last step copies bytes: every member ends
 //   with bitwise equal results.
+//   Tensors in the shared arenas of every member of a host (gradients, with the torch
+//   adapter's allocator) skip the pipes and the fusion buffer (allreduce_hierarchical_tensors):
+//   each lane's member reduces its block of every member's tensors where they lie into a
+//   buffer of its own, which crosses between hosts, and writes the result into every member's
+//   tensors; per member about a third of the memory traffic of packing, piping and unpacking.
+//   Each host decides that alone: the same segments and blocks cross either way.
 //
 //   allgather (allgather_hierarchical), with each host's members consecutive in the set, so
 //   each host's blocks form one region of the output: every region is split into one piece
@@ -41,6 +47,7 @@
 #include <vector>
 
 #include "collectives.h"
+#include "shared_memory_group.h"
 
 namespace shvd {
 
@@ -69,6 +76,13 @@ struct Hierarchy {
   // That thread, made at the first pipelined call (a new thread per call cost a creation and
   // a join, each a scheduling delay of up to milliseconds on a busy host).
   mutable std::unique_ptr<CrossHostWorker> cross_worker;
+  // My host's members' shared-memory group, when every link among them is shared memory (the
+  // engine sets it up with the set's communicator): allreduce_hierarchical_tensors works in
+  // place in their arenas through it.
+  std::unique_ptr<SharedMemoryGroup> host_group;
+  // allreduce_hierarchical_tensors' buffers: my lane's blocks (in arenas), or the tensors
+  // packed (otherwise).
+  mutable std::vector<uint8_t> lane_buffer, packed;
 
   Hierarchy();
   ~Hierarchy();
@@ -93,6 +107,14 @@ constexpr size_t kHierarchicalSegmentBytes = 4 << 20;
 void allreduce_hierarchical(const Communicator& comm, void* buf, size_t count, DataType dtype,
                             ReduceOp op, size_t ring_threshold_bytes, Scratch& scratch,
                             const StepMarker& step);
+
+// The same over `tensors` where they lie (Staging::kTensors; no prescale), the result scaled by
+// `scale`: in place in my host's members' shared arenas when every one of them has its tensors
+// there (agreed within the host), else packed into one buffer for allreduce_hierarchical.
+void allreduce_hierarchical_tensors(const Communicator& comm,
+                                    const std::vector<TensorSpan>& tensors, DataType dtype,
+                                    ReduceOp op, double scale, size_t ring_threshold_bytes,
+                                    Scratch& scratch, const StepMarker& step);
 
 // allgather_ring's contract over comm.hierarchy, whose hosts_contiguous must hold.
 void allgather_hierarchical(const Communicator& comm, void* out, const std::vector<size_t>& bytes,
