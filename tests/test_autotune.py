@@ -78,6 +78,22 @@ def test_samples_logged_and_ranks_switch_together(tmp_path, transport, np_, spel
 
 
 @pytest.mark.timeout(60)
+def test_switches_without_a_hierarchy_not_tuned(tmp_path):
+    """Two hosts of one rank each: nothing to do within hosts, so the hierarchical switches are
+    not tuned (they stay the dispatcher's choice in every sample); the other settings are."""
+    log = tmp_path / "autotune.csv"
+    r = run_job(2, "autotune", STEPS, transport="hosts",
+                launcher_args=["--autotune", "--autotune-log-file", log,
+                               "--autotune-warmup-samples", "1", "--autotune-steps-per-sample",
+                               "3", "--autotune-bayes-opt-max-samples", SAMPLES], timeout=50)
+    check_job(r, 2)
+    rows = read_log(log)
+    assert len(rows) == SAMPLES + 1, rows
+    assert {(row[0], row[1]) for row in rows} == {(-1.0, -1.0)}, rows
+    assert len({tuple(row[3:6]) for row in rows[:-1]}) >= SAMPLES - 1, rows
+
+
+@pytest.mark.timeout(60)
 def test_user_settings_stay_fixed(tmp_path):
     """The fusion threshold and cycle time the user gave are not tuned: every sample has them,
     and every step's collectives ran with them; the response cache is still tuned."""

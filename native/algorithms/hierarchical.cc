@@ -48,27 +48,54 @@ Communicator sub_communicator(const Communicator& comm, const std::vector<int>& 
 
 }  // namespace
 
+namespace {
+
+// Hosts in the order of their first member; each host's members in set order.
+void group_by_host(const std::vector<std::string>& host_ids, std::vector<std::string>* hosts,
+                   std::vector<std::vector<int>>* members) {
+  for (int i = 0; i < int(host_ids.size()); ++i) {
+    auto it = std::find(hosts->begin(), hosts->end(), host_ids[i]);
+    if (it == hosts->end()) {
+      hosts->push_back(host_ids[i]);
+      members->emplace_back();
+      it = hosts->end() - 1;
+    }
+    (*members)[it - hosts->begin()].push_back(i);
+  }
+}
+
+// Several hosts, more than one member on some: something to do within hosts.
+bool worth_a_hierarchy(const std::vector<std::vector<int>>& members) {
+  size_t largest = 0;
+  for (const auto& m : members) largest = std::max(largest, m.size());
+  return members.size() >= 2 && largest >= 2;
+}
+
+bool consecutive(const std::vector<int>& members) {
+  return members.back() - members.front() + 1 == int(members.size());
+}
+
+}  // namespace
+
+Hierarchy::Use Hierarchy::usable(const std::vector<std::string>& host_ids) {
+  std::vector<std::string> hosts;
+  std::vector<std::vector<int>> members;
+  group_by_host(host_ids, &hosts, &members);
+  Use use;
+  use.allreduce = worth_a_hierarchy(members);
+  use.allgather = use.allreduce && std::all_of(members.begin(), members.end(), consecutive);
+  return use;
+}
+
 std::unique_ptr<Hierarchy> Hierarchy::build(const Communicator& comm,
                                             const std::vector<std::string>& host_ids) {
   if (comm.rank < 0 || int(host_ids.size()) != comm.size) return nullptr;
-  // Hosts in the order of their first member; each host's members in set order.
   std::vector<std::string> hosts;
   std::vector<std::vector<int>> members;
-  for (int i = 0; i < comm.size; ++i) {
-    auto it = std::find(hosts.begin(), hosts.end(), host_ids[i]);
-    if (it == hosts.end()) {
-      hosts.push_back(host_ids[i]);
-      members.emplace_back();
-      it = hosts.end() - 1;
-    }
-    members[it - hosts.begin()].push_back(i);
-  }
-  size_t lanes = members[0].size(), largest = 0;
-  for (const auto& m : members) {
-    lanes = std::min(lanes, m.size());
-    largest = std::max(largest, m.size());
-  }
-  if (hosts.size() < 2 || largest < 2) return nullptr;
+  group_by_host(host_ids, &hosts, &members);
+  if (!worth_a_hierarchy(members)) return nullptr;
+  size_t lanes = members[0].size();
+  for (const auto& m : members) lanes = std::min(lanes, m.size());
 
   auto h = std::make_unique<Hierarchy>();
   h->hosts = int(hosts.size());
@@ -86,7 +113,7 @@ std::unique_ptr<Hierarchy> Hierarchy::build(const Communicator& comm,
   for (const auto& m : members) {
     h->host_first.push_back(m.front());
     h->host_size.push_back(int(m.size()));
-    h->hosts_contiguous = h->hosts_contiguous && m.back() - m.front() + 1 == int(m.size());
+    h->hosts_contiguous = h->hosts_contiguous && consecutive(m);
   }
   return h;
 }

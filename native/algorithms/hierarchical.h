@@ -95,6 +95,12 @@ struct Hierarchy {
   // are on one host or each host has a single one (nothing to do within hosts).
   static std::unique_ptr<Hierarchy> build(const Communicator& comm,
                                           const std::vector<std::string>& host_ids);
+  // Without building it: whether such a set has a hierarchy (what hierarchical allreduce
+  // needs), and whether it has its hosts' members consecutive too (allgather).
+  struct Use {
+    bool allreduce = false, allgather = false;
+  };
+  static Use usable(const std::vector<std::string>& host_ids);
 };
 
 // Allreduces larger than this are cut into segments of this size whose steps overlap: one

@@ -41,7 +41,9 @@ Engine::Engine(EngineOptions options, Mesh mesh, bool shared_memory)
   if (options_.rank == 0 && options_.autotune.enabled) {
     AutotuneOptions tune = options_.autotune;
     if (!cache_.enabled()) tune.fixed |= kFixCache;  // no cache to switch on
-    tune.spans_hosts = options_.cross_size > 1;
+    const Hierarchy::Use use = Hierarchy::usable(options_.host_ids);
+    tune.hierarchical_allreduce_usable = use.allreduce;
+    tune.hierarchical_allgather_usable = use.allgather;
     autotuner_ = std::make_unique<Autotuner>(tune, tuned_);
     // Nothing to tune after all: the other ranks learn so with the first batch.
     params_due_ = !autotuner_->active();
