@@ -94,6 +94,21 @@ def test_switches_without_a_hierarchy_not_tuned(tmp_path):
 
 
 @pytest.mark.timeout(60)
+def test_rank0_hierarchical_settings_apply_to_every_rank():
+    """Without autotuning, rank 2 alone is told not to use hierarchical allreduce while the
+    others are told to: every rank runs rank 0's setting at every step (the worker compares
+    them across ranks and checks every sum), and that is no new generation of settings."""
+    r = run_job(4, "autotune", 8, transport="hosts",
+                env={"SPARK_HVD_HIERARCHICAL_ALLREDUCE": "1",
+                     "ENV_OF_RANK_2": "SPARK_HVD_HIERARCHICAL_ALLREDUCE=0 "
+                                      "SPARK_HVD_HIERARCHICAL_ALLGATHER=1"}, timeout=50)
+    check_job(r, 4)
+    record = record_of(r)
+    assert record["generations"] == 0, record
+    assert [s[3:5] for s in record["settings"]] == [[1, -1]], record
+
+
+@pytest.mark.timeout(60)
 def test_user_settings_stay_fixed(tmp_path):
     """The fusion threshold and cycle time the user gave are not tuned: every sample has them,
     and every step's collectives ran with them; the response cache is still tuned."""

@@ -45,9 +45,10 @@ Engine::Engine(EngineOptions options, Mesh mesh, bool shared_memory)
     tune.hierarchical_allreduce_usable = use.allreduce;
     tune.hierarchical_allgather_usable = use.allgather;
     autotuner_ = std::make_unique<Autotuner>(tune, tuned_);
-    // Nothing to tune after all: the other ranks learn so with the first batch.
-    params_due_ = !autotuner_->active();
   }
+  // Rank 0's settings are every rank's: its first batch carries them (the hierarchical
+  // switches must agree, or ranks would run different algorithms on one collective).
+  params_due_ = options_.rank == 0 && options_.size > 1;
   // Every rank starts as "tuning" when autotuning was asked for, as rank 0 tells them.
   tuned_.tuning = options_.autotune.enabled;
   executed_params_ = tuned_;

@@ -293,6 +293,9 @@ class Engine : public gpu::GpuPath::Host {
   // Run-time settings (engine thread): the options' values until rank 0 sends others.
   TunedParams tuned_;
   uint64_t tuned_generation_ = 0;        // settings applied so far
+  // Rank 0's own settings arrived (its first batch: generation 0); and since then no
+  // collective has reported them yet.
+  bool rank0_params_applied_ = false, executed_stale_ = false;
   std::unique_ptr<Autotuner> autotuner_;  // rank 0 with autotuning on
   bool params_due_ = false;               // the tuner's proposal waits to be sent
   mutable std::mutex executed_mu_;        // executed_params(): read by user threads
