@@ -11,7 +11,7 @@ import json
 
 import pytest
 
-from conftest import run_job
+from conftest import load_timeline, run_job
 
 HEADER = ["hierarchical_allreduce", "hierarchical_allgather", "torus_allreduce",
           "cache_enabled", "cycle_time_ms", "tensor_fusion_threshold", "score"]
@@ -75,6 +75,25 @@ def test_samples_logged_and_ranks_switch_together(tmp_path, transport, np_, spel
     # (the log prints MiB to 6 decimals: equal to within a KiB)
     assert any(abs(f - fusion_bytes) < 1024 and c == cycle_ms and k == cache
                for f, c, k, *_ in record["settings"]), (best, record)
+
+
+@pytest.mark.timeout(60)
+def test_settings_changes_marked_in_the_timeline(tmp_path):
+    """Rank 0's timeline has a row "autotune" with an instant event at each change of
+    settings, naming them; the last one is the setting kept (tuning=0)."""
+    log, timeline = tmp_path / "autotune.csv", tmp_path / "timeline.json"
+    r = run_job(2, "autotune", STEPS, transport="shm",
+                env={"SPARK_HVD_TIMELINE": str(timeline)},
+                launcher_args=["--autotune", "--autotune-log-file", log,
+                               "--autotune-warmup-samples", "1", "--autotune-steps-per-sample",
+                               "3", "--autotune-bayes-opt-max-samples", SAMPLES], timeout=50)
+    check_job(r, 2)
+    marks = [name for ph, name in load_timeline(timeline)["autotune"] if ph == "i"]
+    assert 1 <= len(marks) <= SAMPLES, marks
+    assert all(m.startswith("AUTOTUNE fusion_threshold=") for m in marks), marks
+    best = read_log(log)[-1]
+    assert f"cycle_time_ms={best[4]:.3f}" in marks[-1] and marks[-1].endswith("tuning=0"), \
+        (marks, best)
 
 
 @pytest.mark.timeout(60)

@@ -3,6 +3,7 @@
 // rank executes in the same order. With a negotiation board (board.cc) the batches are executed
 // where their markers stand in the shared log instead of on arrival.
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <exception>
 
@@ -232,6 +233,16 @@ void Engine::apply_params(const TunedParams& params) {
   if (rank0_params_applied_) ++tuned_generation_;
   else executed_stale_ = true;
   rank0_params_applied_ = true;
+  if (timeline_.active() && !(params == tuned_)) {
+    char what[192];
+    std::snprintf(what, sizeof what,
+                  "AUTOTUNE fusion_threshold=%llu cycle_time_ms=%.3f cache=%d "
+                  "hierarchical_allreduce=%d hierarchical_allgather=%d tuning=%d",
+                  static_cast<unsigned long long>(params.fusion_threshold_bytes),
+                  params.cycle_time_ms, int(params.cache_enabled), params.hierarchical_allreduce,
+                  params.hierarchical_allgather, int(params.tuning));
+    timeline_.mark("autotune", what);
+  }
   tuned_ = params;
   cycle_time_ms_.store(params.cycle_time_ms, std::memory_order_relaxed);
   board_fusion_bytes_ = params.fusion_threshold_bytes;
