@@ -75,6 +75,7 @@ def test_settings(tmp_path, mode):
     if mode == "on":
         assert (small, large, fused, gather) == ("HIERARCHICAL_ALLREDUCE",) * 3 + (
             "HIERARCHICAL_ALLGATHER",), paths
+        assert paths["allgather.gather_big"] == "HIERARCHICAL_ALLGATHER", paths
     elif mode == "off":
         assert not set(paths.values()) & set(HIERARCHICAL), paths
         assert large == "RING_ALLREDUCE" and gather == "RING_ALLGATHER", paths

@@ -149,7 +149,7 @@ bool run_hierarchical_allreduce_tensors(const CollectiveCall& k) {
   return true;
 }
 bool run_hierarchical_allgather(const CollectiveCall& k) {
-  allgather_hierarchical(k.comm, k.tensors[0].out, k.blocks, k.step);
+  allgather_hierarchical(k.comm, k.tensors[0].out, k.blocks, k.scratch, k.step);
   return true;
 }
 

@@ -22,10 +22,10 @@ namespace {
 class Step {
  public:
   Step(const StepMarker& marker, const char* name) : marker_(marker), name_(name) {
-    if (marker_) marker_(name_, true);
+    if (marker_ && name_) marker_(name_, true);
   }
   ~Step() {
-    if (marker_) marker_(name_, false);
+    if (marker_ && name_) marker_(name_, false);
   }
 
  private:
@@ -245,24 +245,32 @@ Hierarchy::~Hierarchy() = default;
 
 namespace {
 
-// Runs `segments` segments through the three steps: reduce(k) and share(k) on this thread,
+// What the timeline calls a pipeline's steps (run_segments); no name: not marked.
+struct StepNames {
+  const char *reduce, *cross, *share;
+};
+constexpr StepNames kAllreduceSteps{"INTRA_HOST_REDUCESCATTER", "CROSS_HOST_ALLREDUCE",
+                                    "INTRA_HOST_ALLGATHER"};
+constexpr StepNames kAllgatherSteps{nullptr, "CROSS_HOST_ALLGATHER", "INTRA_HOST_SHARE"};
+
+// Runs `segments` segments through three steps: reduce(k) and share(k) on this thread,
 // cross(k, scratch) on the hierarchy's helper thread when there are several, pipelined: while
 // segment k crosses, this thread shares segment k - 1 and reduces segment k + 1 within the
-// host. The timeline shows the first segment's reduce, the overlapped middle as
-// CROSS_HOST_ALLREDUCE, and the last segment's share.
+// host. The timeline shows the first segment's reduce, the overlapped middle as the cross
+// step, and the last segment's share.
 template <typename Reduce, typename Cross, typename Share>
 void run_segments(const Hierarchy& h, size_t segments, Reduce reduce, Cross cross, Share share,
-                  Scratch& scratch, const StepMarker& step) {
+                  Scratch& scratch, const StepMarker& step, const StepNames& names) {
   if (segments < 2) {
     {
-      Step s(step, "INTRA_HOST_REDUCESCATTER");
+      Step s(step, names.reduce);
       reduce(0);
     }
     {
-      Step s(step, "CROSS_HOST_ALLREDUCE");
+      Step s(step, names.cross);
       cross(0, scratch);
     }
-    Step s(step, "INTRA_HOST_ALLGATHER");
+    Step s(step, names.share);
     share(0);
     return;
   }
@@ -271,12 +279,12 @@ void run_segments(const Hierarchy& h, size_t segments, Reduce reduce, Cross cros
   crossing.begin([&](size_t k) { cross(k, h.cross_scratch); });
   try {
     {
-      Step s(step, "INTRA_HOST_REDUCESCATTER");
+      Step s(step, names.reduce);
       reduce(0);
     }
     crossing.post(0);
     {
-      Step s(step, "CROSS_HOST_ALLREDUCE");
+      Step s(step, names.cross);
       for (size_t k = 1; k < segments; ++k) {
         reduce(k);
         crossing.post(k);
@@ -285,7 +293,7 @@ void run_segments(const Hierarchy& h, size_t segments, Reduce reduce, Cross cros
       }
       crossing.wait(segments - 1);
     }
-    Step s(step, "INTRA_HOST_ALLGATHER");
+    Step s(step, names.share);
     share(segments - 1);
   } catch (const std::exception& e) {
     // The crossing thread may wait on a peer that waits for us: make its waits fail too.
@@ -312,7 +320,7 @@ void allreduce_hierarchical(const Communicator& comm, void* buf, size_t count, D
       h, (count + segment - 1) / segment,
       [&](size_t k) { steps.reduce_scatter(at(k), len(k), scratch); },
       [&](size_t k, Scratch& s) { steps.cross(at(k), len(k), s); },
-      [&](size_t k) { steps.allgather(at(k), len(k)); }, scratch, step);
+      [&](size_t k) { steps.allgather(at(k), len(k)); }, scratch, step, kAllreduceSteps);
 }
 
 namespace {
@@ -363,7 +371,7 @@ void hierarchical_in_arenas(const Hierarchy& h, const SegmentSteps& steps,
         std::memcpy(out, lane + lane_at[k] + at, bytes);
       });
   };
-  run_segments(h, segments, reduce, cross, share, scratch, step);
+  run_segments(h, segments, reduce, cross, share, scratch, step, kAllreduceSteps);
 }
 
 }  // namespace
@@ -417,19 +425,25 @@ void allreduce_hierarchical_tensors(const Communicator& comm,
 }
 
 void allgather_hierarchical(const Communicator& comm, void* out, const std::vector<size_t>& bytes,
-                            const StepMarker& step) {
+                            Scratch& scratch, const StepMarker& step) {
   const Hierarchy& h = *comm.hierarchy;
   const int my_index = h.local.rank;
   const std::vector<size_t> offsets = prefix_offsets(bytes);
   auto* base = static_cast<uint8_t*>(out);
   // Host g's region: the blocks of its members, back to back; and its pieces, one per lane,
-  // back to back (none for the local indices past the lanes).
+  // back to back (none for the local indices past the lanes), piece j at piece_at[g][j].
   std::vector<size_t> region_at(h.hosts);
-  std::vector<std::vector<size_t>> pieces(h.hosts);
+  std::vector<std::vector<size_t>> pieces(h.hosts), piece_at(h.hosts);
+  size_t segments = 1;
   for (int g = 0; g < h.hosts; ++g) {
     const int first = h.host_first[g];
     region_at[g] = offsets[first];
     pieces[g] = h.lane_blocks(offsets[first + h.host_size[g]] - offsets[first]);
+    for (size_t& at : piece_at[g] = prefix_offsets(pieces[g])) at += region_at[g];
+    for (size_t p : pieces[g]) {
+      const size_t k = (p + kHierarchicalSegmentBytes - 1) / kHierarchicalSegmentBytes;
+      segments = std::max(segments, k);
+    }
   }
   {
     Step s(step, "INTRA_HOST_ALLGATHER");
@@ -437,20 +451,29 @@ void allgather_hierarchical(const Communicator& comm, void* out, const std::vect
     allgather_ring(h.local, base + region_at[h.my_host],
                    std::vector<size_t>(mine, mine + h.local.size));
   }
-  {
-    Step s(step, "CROSS_HOST_ALLGATHER");
-    if (my_index < h.lanes) {
-      std::vector<size_t> at(h.hosts), len(h.hosts);
-      for (int g = 0; g < h.hosts; ++g) {
-        at[g] = region_at[g] + prefix_offsets(pieces[g])[my_index];
-        len[g] = pieces[g][my_index];
-      }
-      allgather_ring_at(h.cross, base, at, len);
+  // Segment k of every piece: its bytes [k, k + 1) * kHierarchicalSegmentBytes (empty past
+  // the piece's end). While segment k of my lane's pieces crosses between hosts, my host
+  // shares segment k - 1 of the other hosts' pieces (the same numbers on every member).
+  auto segment_of = [&](int g, int j, size_t k, size_t* at, size_t* len) {
+    const size_t lo = std::min(pieces[g][j], k * kHierarchicalSegmentBytes);
+    *at = piece_at[g][j] + lo;
+    *len = std::min(pieces[g][j] - lo, kHierarchicalSegmentBytes);
+  };
+  auto cross = [&](size_t k, Scratch&) {
+    if (my_index >= h.lanes) return;
+    std::vector<size_t> at(h.hosts), len(h.hosts);
+    for (int g = 0; g < h.hosts; ++g) segment_of(g, my_index, k, &at[g], &len[g]);
+    allgather_ring_at(h.cross, base, at, len);
+  };
+  auto share = [&](size_t k) {
+    std::vector<size_t> at(h.local.size, 0), len(h.local.size, 0);
+    for (int g = 0; g < h.hosts; ++g) {
+      if (g == h.my_host) continue;
+      for (int j = 0; j < h.lanes; ++j) segment_of(g, j, k, &at[j], &len[j]);
+      allgather_ring_at(h.local, base, at, len);
     }
-  }
-  Step s(step, "INTRA_HOST_SHARE");
-  for (int g = 0; g < h.hosts; ++g)
-    if (g != h.my_host) allgather_ring(h.local, base + region_at[g], pieces[g]);
+  };
+  run_segments(h, segments, [](size_t) {}, cross, share, scratch, step, kAllgatherSteps);
 }
 
 }  // namespace shvd

@@ -34,6 +34,9 @@
 //                               members of my lane on the other hosts
 //     3. INTRA_HOST_SHARE       per other host, ring allgather of its region's pieces among
 //                               my host's members
+//   Pieces over one segment go through steps 2 and 3 segment by segment, pipelined on the
+//   hierarchy's helper thread as allreduce's are: one segment crosses while the previous one
+//   is shared within the host.
 //
 // Compared with the flat ring over 2 hosts of 2 ranks, each host sends half the allreduce's
 // bytes instead of three quarters (2/3 of the wire time), and half an allgather's instead of
@@ -122,8 +125,9 @@ void allreduce_hierarchical_tensors(const Communicator& comm,
                                     ReduceOp op, double scale, size_t ring_threshold_bytes,
                                     Scratch& scratch, const StepMarker& step);
 
-// allgather_ring's contract over comm.hierarchy, whose hosts_contiguous must hold.
+// allgather_ring's contract over comm.hierarchy, whose hosts_contiguous must hold. Pieces over
+// kHierarchicalSegmentBytes cross in segments, pipelined with the sharing within the host.
 void allgather_hierarchical(const Communicator& comm, void* out, const std::vector<size_t>& bytes,
-                            const StepMarker& step);
+                            Scratch& scratch, const StepMarker& step);
 
 }  // namespace shvd
