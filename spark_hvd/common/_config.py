@@ -71,7 +71,8 @@ SETTINGS = {
         "auto", "`1`: run collectives while the training thread is still submitting (spare "
         "cores overlap them with its work); `0`: collect a step's ops until a result is awaited "
         "(no engine wake-ups competing for the cores); `auto`: `0` when ranks on a host × 2 "
-        "threads exceed its CPUs, else `1`", _ENGINE),
+        "threads exceed its CPUs, else `1`, and `1` in a job across hosts (its collectives "
+        "wait on the wire between hosts, which backward does not use)", _ENGINE),
     "CACHE_CAPACITY": Setting(1024, "response-cache entries (0 disables)", _ENGINE,
                               horovod=True),
     "DYNAMIC_PROCESS_SETS": Setting(
