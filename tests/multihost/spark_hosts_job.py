@@ -17,6 +17,10 @@ resume; DIR/result.json.
 MODE ``survive-fit``: the same slow fit with its retries (in memory on ``run_elastic``); the
 test kills one host after the first checkpoint; the fit goes on; DIR/result.json.
 
+MODE ``elastic-run``: ``spark.run_elastic`` of NumPy SGD under ``hvd.elastic.run`` with 4 ranks
+(min 2); DIR/ready.R once rank R trained 5 steps, then the test kills one host; the results of
+the ranks that finish go to DIR/result.json.
+
 MODE ``iface``: ``spark.run`` with ``spark.spark_hvd.networkInterface`` eth0, then mgmt0 (an
 interface that does not connect the hosts); DIR/result.json.
 """
@@ -67,6 +71,39 @@ def allreduce_forever(ready_path):
                 f.write(str(time.time()))
         step += 1
         time.sleep(0.01)
+
+
+def elastic_train(ready_path, steps):
+    """NumPy SGD under hvd.elastic.run, every step committed; after step 5 each rank marks
+    ``ready``. Returns this rank's final weights' digest and the sizes of its committed steps."""
+    import hashlib
+
+    import spark_hvd.numpy as hvd
+    from spark_hvd.common.elastic import ObjectState, run_fn
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(512, 8))
+    y = x @ rng.normal(size=8)
+    hvd.init()
+    state = ObjectState(bcast_object=hvd.broadcast_object, get_rank=hvd.rank, w=np.zeros(8),
+                        step=0, sizes=[])
+
+    def train(state):
+        while state.step < steps:
+            idx = np.random.default_rng(state.step * 1000 + hvd.rank()).integers(0, 512, 16)
+            grad = 2 * x[idx].T @ (x[idx] @ state.w - y[idx]) / 16
+            state.w = state.w - 0.05 * hvd.allreduce(grad, name="grad", op=hvd.Average)
+            state.step += 1
+            state.sizes = state.sizes + [hvd.size()]
+            if state.step == 5:
+                with open(f"{ready_path}.{hvd.rank()}", "w") as f:
+                    f.write(str(time.time()))
+            time.sleep(0.05)
+            state.commit()
+
+    run_fn(train)(state)
+    return {"rank": hvd.rank(), "size": hvd.size(), "steps": state.step,
+            "sizes": state.sizes, "loss": float(np.mean((x @ state.w - y) ** 2)),
+            "hash": hashlib.sha256(np.ascontiguousarray(state.w).tobytes()).hexdigest()[:16]}
 
 
 class SlowLinear(torch.nn.Module):
@@ -151,6 +188,16 @@ def mode_lose_run(spark, out_dir):
         return {"error": error_report(e), "started": t0}
 
 
+def mode_elastic_run(spark, out_dir):
+    """run_elastic with 4 ranks, min 2: the test kills one host once every rank marked
+    ready; training goes on at size 2 and ends."""
+    t0 = time.monotonic()
+    results = spark_hvd.spark.run_elastic(
+        elastic_train, args=(os.path.join(out_dir, "ready"), 300), num_proc=NUM_PROC,
+        min_num_proc=2, start_timeout=120, elastic_timeout=120)
+    return {"results": results, "seconds": time.monotonic() - t0}
+
+
 def mode_lose_fit(spark, out_dir):
     run_id = "lost_host_run"
     epochs_log = os.path.join(out_dir, "epochs")
@@ -228,7 +275,7 @@ def main():
     spark = SparkSession.builder.appName(f"spark_hvd multihost {mode}").getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     result = {"run": mode_run, "lose-run": mode_lose_run,
-              "lose-fit": mode_lose_fit, "survive-fit": mode_survive_fit,
+              "lose-fit": mode_lose_fit, "elastic-run": mode_elastic_run, "survive-fit": mode_survive_fit,
               "iface": mode_iface}[mode](spark, out_dir)
     with open(os.path.join(out_dir, "result.json"), "w") as f:
         json.dump(result, f)

@@ -152,3 +152,57 @@ def test_host_back_after_a_link_cut(bed3, tmp_path, min_np):
     losses = [float(s["loss"]) for s in steps if s["rank"] == "0"]
     assert losses[-1] < losses[0] / 10, (losses[0], losses[-1])
     job.assert_nothing_left(h2, timeout=40, ignore_sshd=True)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_every_host_failing_is_a_clear_error(bed3, tmp_path):
+    """Every process of all three hosts (their sshd too) SIGKILLed mid-training: nobody is
+    left to go on and no host can take a new worker, so the job ends, within
+    --elastic-timeout, with an error that says no process is left, and nothing is left
+    behind in any host."""
+    job = BedJob(bed3, tmp_path, ["--steps", 2000, "--sleep", "0.05", "--timed"],
+                 {"SPARK_HVD_PEER_TIMEOUT_SECONDS": PEER_TIMEOUT,
+                  "SPARK_HVD_KILL_GRACE_SECONDS": "2"},
+                 ranks_per_host=1, worker=WORKER,
+                 launcher_args=["--min-np", "2", "--elastic-timeout", "20"])
+    job.wait_for(r"STEP rank=\d size=3 step=20 ", 3, timeout=120)
+    fault_at = time.monotonic()
+    for host in bed3.hosts:
+        bed3.signal_host(host, signal.SIGKILL)
+    rc = job.wait_exit(timeout=60)
+    took = job.exited_at - fault_at
+    print(f"the launcher exited {took:.1f} s after every host was lost, code {rc}")
+    assert rc == 1, job.describe()
+    text = "\n".join(job.lines)
+    assert "no process of round 1 is left" in text, job.describe()
+    assert took <= 20 + SLACK + 5, job.describe()
+    for host in bed3.hosts:
+        assert not bed3.pids(host), (host.name, job.describe())
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_host_failing_at_every_start_ends_at_the_reset_limit(bed3, tmp_path):
+    """h2's worker fails before init() at every start: h2 is blacklisted, back after its
+    cooldown (1-2 s), failing again; each return is a reset, and the job ends at
+    --reset-limit 2 with Horovod's error naming the limit, h2's failure in the output."""
+    h0, h1, h2 = bed3.hosts
+    job = BedJob(bed3, tmp_path, ["--steps", 4000, "--sleep", "0.05", "--fail-on-host",
+                                  h2.addr],
+                 {"SPARK_HVD_PEER_TIMEOUT_SECONDS": PEER_TIMEOUT,
+                  "SPARK_HVD_KILL_GRACE_SECONDS": "2"},
+                 ranks_per_host=1, worker=WORKER,
+                 launcher_args=["--min-np", "2", "--reset-limit", "2",
+                                "--blacklist-cooldown-range", "1", "2",
+                                "--elastic-timeout", "60"])
+    rc = job.wait_exit(timeout=180)
+    assert rc == 1, job.describe()
+    text = "\n".join(job.lines)
+    limit = ("Horovod was shutdown because number of resets during elastic job exceeded "
+             "limit: 2")
+    assert limit in text, job.describe()
+    assert h2.addr in text.split(limit)[1], job.describe()
+    assert fields(job, "STEP"), job.describe()   # h0 and h1 trained in between
+    for host in bed3.hosts:
+        job.assert_nothing_left(host, timeout=20, ignore_sshd=True)

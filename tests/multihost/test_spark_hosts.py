@@ -13,6 +13,7 @@ host restarts its worker before the next one.
 from __future__ import annotations
 
 import json
+import re
 import signal
 import time
 from pathlib import Path
@@ -160,6 +161,31 @@ def test_lost_host_during_a_fit_that_survives(spark_bed, tmp_path):
     reset = next(line for line in out.splitlines() if "reset 1 of 3 in memory" in line)
     print(f"fit with a host killed {time.time() - killed_at:.0f} s before it returned; "
           f"{result['fit_seconds']:.0f} s in all; {reset}")
+
+
+@pytest.mark.timeout(420)
+def test_lost_host_during_run_elastic(spark_bed, tmp_path):
+    """Issue 31: run_elastic on the standalone cluster; one worker host killed mid-training
+    (its executor, its worker daemon and its ranks): the two ranks of the other host go on
+    from their last commit at size 2, finish every step once, and agree bitwise."""
+    proc = spark_bed.submit(JOB, "elastic-run", tmp_path, confs=CONFS)
+    for rank in range(4):
+        wait_for_file(tmp_path / f"ready.{rank}", proc, 180)
+    victim = spark_bed.bed.hosts[1]
+    killed_at = time.time()
+    assert spark_bed.bed.signal_host(victim, signal.SIGKILL)
+    out, err = _finish(spark_bed, proc, 300)
+    result = json.loads((tmp_path / "result.json").read_text())
+    results = result["results"]
+    assert [r["rank"] for r in results] == [0, 1] and {r["size"] for r in results} == {2}, \
+        results
+    assert len({r["hash"] for r in results}) == 1, results   # bitwise the same weights
+    sizes = results[0]["sizes"]
+    assert len(sizes) == results[0]["steps"] == 300, results   # every step once
+    assert sizes[0] == 4 and sizes[-1] == 2 and 4 not in sizes[sizes.index(2):], sizes
+    assert re.search(r"reset 1 \(round [^)]*\): lost rank", out + err), (out + err)[-4000:]
+    print(f"run_elastic finished at size 2, {time.time() - killed_at:.0f} s after the host "
+          f"was killed; {sizes.count(4)} steps at size 4, {sizes.count(2)} at size 2")
 
 
 def test_network_interface_from_the_spark_configuration(spark_bed, tmp_path):
