@@ -9,6 +9,12 @@ copies it into the wheel as package data (SPARK_HVD_SKIP_NATIVE_BUILD=1 skips th
 SPARK_HVD_DEBUG_BUILD=1 builds -O0 -g). The library is a ctypes-loaded C ABI object, independent
 of the Python version, so the wheel is tagged py3-none-<platform>.
 
+The toolchain: where neither CXX nor SPARK_HVD_TOOLCHAIN is set and the ziglang package is
+importable (pyproject.toml's build requirements bring it on x86-64 and aarch64 Linux), zig's
+clang builds for glibc 2.28 and the wheel is tagged manylinux_2_28_<arch> (`make wheel` then
+checks that tag with auditwheel); CXX=g++ or CXX=clang++ builds with that compiler instead, for
+this machine only (tagged linux_<arch>), as an sdist install on a platform without a wheel does.
+
 As with `python build.py`, a freshly linked core goes into the package only after its
 two-process smoke test passed; when it fails, the install stops with the build's message (which
 compiler, what to do). SPARK_HVD_SKIP_SMOKE_TEST=1 skips the test, for cross builds only.
@@ -25,6 +31,22 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import native_build  # noqa: E402  (native_build/ next to this file, as build.py uses it)
 
 
+def _use_zig():
+    """Whether this build uses the wheel's toolchain (see the module docstring)."""
+    choice = os.environ.get(native_build.toolchain.TOOLCHAIN_ENV, "")
+    if choice or os.environ.get("CXX"):
+        return choice == "zig"
+    try:
+        import ziglang  # noqa: F401
+    except ImportError:
+        return False
+    return sys.platform.startswith("linux")
+
+
+if _use_zig():
+    os.environ[native_build.toolchain.TOOLCHAIN_ENV] = "zig"
+
+
 class build_py(_build_py):
     def run(self):
         if os.environ.get("SPARK_HVD_SKIP_NATIVE_BUILD", "") not in ("", "0"):
@@ -36,9 +58,9 @@ class build_py(_build_py):
         try:
             core = native_build.build(debug=debug)
             for framework in native_build.FRAMEWORK_LIBRARIES:
-                if core is not None:  # each skipped (with a note) when it is not importable
+                if core is not None:  # torch's skipped (with a note) when it is not importable
                     native_build.build_framework_library(framework, core, debug=debug)
-            if core is not None:  # skipped (with a note) where mpicxx finds no MPI
+            if core is not None:  # skipped (with a note) where no MPI has headers
                 native_build.build_mpi_plugin(core, debug=debug)
         except native_build.BuildError as e:
             raise SystemExit(f"[build] ERROR: {e}")
@@ -71,6 +93,10 @@ if _bdist_wheel is not None:
 
         def get_tag(self):
             _, _, plat = super().get_tag()
+            if _use_zig() and plat.startswith("linux_"):
+                # What zig's target glibc gives; `make wheel` confirms it with auditwheel.
+                glibc = native_build.toolchain.ZIG_GLIBC.replace(".", "_")
+                plat = f"manylinux_{glibc}_{plat[len('linux_'):]}"
             return "py3", "none", plat
 
     cmdclass["bdist_wheel"] = bdist_wheel
