@@ -6,7 +6,7 @@ NP      ?= 2
 PYTEST  := $(PY) -m pytest tests -v --timeout=600 -p no:cacheprovider --durations=30
 PYTEST_ARGS ?=
 
-.PHONY: all setup build build-debug demo test test-fast test-slow test-gpu bench clean distclean
+.PHONY: all setup build build-debug wheel demo test test-fast test-slow test-gpu bench clean distclean
 
 all: build
 
@@ -18,6 +18,16 @@ build: setup
 
 build-debug: setup
 	$(PY) build.py --debug
+
+# The manylinux wheel: built with zig's clang for glibc 2.28 (no system compiler in the wheel's
+# libraries, LLVM's C++ runtime linked in privately), the torch allocator for torch 2.13 and every
+# torch wheel file named in TORCH_WHEELS, then checked by auditwheel (tag, external libraries).
+TORCH_WHEELS ?=
+wheel: setup
+	rm -rf dist/spark_hvd-*.whl
+	SPARK_HVD_TOOLCHAIN=zig SPARK_HVD_TORCH_WHEELS="$(TORCH_WHEELS)" \
+	  $(PY) -m pip wheel --no-deps --no-build-isolation -w dist .
+	$(PY) scripts/check_wheel.py dist/spark_hvd-*.whl
 
 # The headline: a Pipeline with a TorchEstimator fitted on a generated DataFrame in local Spark,
 # test accuracy printed, the PipelineModel saved and reloaded.

@@ -2,9 +2,9 @@
 
 `pip install .` and `pip install -e .` both run build_py, which here first runs the native build
 (native_build/, what build.py runs) to produce
-spark_hvd/_core/libspark_hvd_core.so (and libspark_hvd_tf.so / libspark_hvd_torch.so when
-TensorFlow / torch is importable, and the MPI plugin libspark_hvd_mpi.so where mpicxx finds MPI;
-in the source tree, so an editable install sees it too), then
+spark_hvd/_core/libspark_hvd_core.so (and libspark_hvd_tf.so, libspark_hvd_torch_<maj>_<min>.so
+per torch minor found, and an MPI plugin libspark_hvd_mpi_<abi>.so per MPI with headers; in the
+source tree, so an editable install sees it too; build/wheel/ with the wheel's toolchain), then
 copies it into the wheel as package data (SPARK_HVD_SKIP_NATIVE_BUILD=1 skips the build,
 SPARK_HVD_DEBUG_BUILD=1 builds -O0 -g). The library is a ctypes-loaded C ABI object, independent
 of the Python version, so the wheel is tagged py3-none-<platform>.
@@ -47,6 +47,11 @@ if _use_zig():
     os.environ[native_build.toolchain.TOOLCHAIN_ENV] = "zig"
 
 
+# Where the wheel's toolchain builds (objects and libraries), apart from the in-tree g++ build
+# that make build / the tests use, so neither invalidates the other.
+WHEEL_BUILD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "build", "wheel")
+
+
 class build_py(_build_py):
     def run(self):
         if os.environ.get("SPARK_HVD_SKIP_NATIVE_BUILD", "") not in ("", "0"):
@@ -55,16 +60,32 @@ class build_py(_build_py):
             super().run()
             return
         debug = os.environ.get("SPARK_HVD_DEBUG_BUILD", "") not in ("", "0")
+        zig = _use_zig()
+        dirs = ({"build_dir": os.path.join(WHEEL_BUILD, "native"),
+                 "output": os.path.join(WHEEL_BUILD, "_core", native_build.layout.LIB_NAME)}
+                if zig else {})
         try:
-            core = native_build.build(debug=debug)
+            core = native_build.build(debug=debug, **dirs)
+            bdir = dirs.get("build_dir")
             for framework in native_build.FRAMEWORK_LIBRARIES:
                 if core is not None:  # torch's skipped (with a note) when it is not importable
-                    native_build.build_framework_library(framework, core, debug=debug)
+                    native_build.build_framework_library(framework, core, debug=debug,
+                                                         build_dir=bdir)
             if core is not None:  # skipped (with a note) where no MPI has headers
-                native_build.build_mpi_plugin(core, debug=debug)
+                native_build.build_mpi_plugin(core, debug=debug, build_dir=bdir)
         except native_build.BuildError as e:
             raise SystemExit(f"[build] ERROR: {e}")
         super().run()
+        if zig and core is not None:
+            # The wheel carries the libraries zig built, not the in-tree (g++) ones.
+            dest = os.path.join(self.build_lib, "spark_hvd", "_core")
+            for name in os.listdir(dest):
+                if name.endswith(".so"):
+                    os.remove(os.path.join(dest, name))
+            for name in os.listdir(os.path.dirname(core)):
+                if name.endswith(".so"):
+                    self.copy_file(os.path.join(os.path.dirname(core), name),
+                                   os.path.join(dest, name))
 
 
 class BinaryDistribution(Distribution):

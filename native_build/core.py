@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import json
 import os
 import shutil
 import subprocess
@@ -29,7 +30,7 @@ from .smoke import SKIP_SMOKE_TEST_ENV, run_smoke_test
 from .toolchain import (API_SOURCE_FLAGS, ASAN_FLAGS, BASE_FLAGS, DEBUG_FLAGS, HIDDEN_FLAGS,
                         LINK_LIBS, RELEASE_FLAGS, STRIP_FLAGS, BuildError, compile_object,
                         compiler, compiler_version, display, env_flags, lock, log, produce,
-                        strip_libraries, TOOLCHAIN_ENV)
+                        strip_libraries, TOOLCHAIN_ENV, ZIG_GLIBC, zig_toolchain)
 
 # Standalone test programs (with their own main) live in tests/ and are built by their tests
 # (cpp_tests.py); tensorflow/ and torch/ hold the framework libraries (frameworks.py), not the
@@ -233,9 +234,12 @@ def build(
         if need_link:
             produce(link_cmd, output, "linking", verbose, verify if smoke_test else None)
             link_stamp.write_text(link_sig)
+            write_build_info(output, version)
             log(f"linked {display(output)} in {time.monotonic() - t0:.1f}s", quiet)
         else:
             log(f"{display(output)} up to date", quiet)
+            if not (output.parent / BUILD_INFO).exists():
+                write_build_info(output, version)
             if smoke_test and _read(smoke_stamp) != _file_identity(output):
                 try:
                     verify(output)
@@ -250,6 +254,17 @@ def build(
         else:
             log("smoke test skipped (--no-smoke-test / SPARK_HVD_SKIP_SMOKE_TEST)", quiet)
     return output
+
+
+BUILD_INFO = "build_info.json"
+
+
+def write_build_info(core: Path, compiler_line: str) -> None:
+    """Records next to the core which compiler built it, for ``spark-hvd-run --check-build``."""
+    info = {"compiler": compiler_line,
+            "toolchain": "zig" if zig_toolchain() else "cxx",
+            "glibc": ZIG_GLIBC if zig_toolchain() else None}
+    (core.parent / BUILD_INFO).write_text(json.dumps(info) + "\n")
 
 
 def _read(path: Path) -> str | None:
