@@ -171,6 +171,7 @@ struct AndOp {
 
 SHVD_VECTOR_LOOPS(base, )
 #if defined(__x86_64__) && defined(__GNUC__)
+#include <cpuid.h>
 #define SHVD_X86_VECTOR_LEVELS 1
 SHVD_VECTOR_LOOPS(avx2, __attribute__((target("avx2"))))
 SHVD_VECTOR_LOOPS(avx512, __attribute__((target("avx512f"))))
@@ -178,12 +179,23 @@ SHVD_VECTOR_LOOPS(avx512, __attribute__((target("avx512f"))))
 
 enum class VectorLevel { kBase, kAvx2, kAvx512 };
 
-// The widest copy this CPU runs, found once when the library loads.
+// The widest copy this CPU runs, found once when the library loads: CPUID for the
+// instructions, XGETBV for the operating system saving their registers. By hand, not
+// __builtin_cpu_supports: that needs libgcc's or compiler-rt's __cpu_model, which zig's runtime
+// does not provide.
 VectorLevel detect_vector_level() {
 #ifdef SHVD_X86_VECTOR_LEVELS
-  __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx512f")) return VectorLevel::kAvx512;
-  if (__builtin_cpu_supports("avx2")) return VectorLevel::kAvx2;
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  if (!__get_cpuid(1, &a, &b, &c, &d)) return VectorLevel::kBase;
+  const bool osxsave = c & (1u << 27), avx = c & (1u << 28);
+  if (!osxsave || !avx) return VectorLevel::kBase;
+  unsigned xcr0_lo = 0, xcr0_hi = 0;
+  __asm__("xgetbv" : "=a"(xcr0_lo), "=d"(xcr0_hi) : "c"(0));
+  if ((xcr0_lo & 0x6u) != 0x6u) return VectorLevel::kBase;  // XMM and YMM state
+  if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return VectorLevel::kBase;
+  const bool avx2 = b & (1u << 5), avx512f = b & (1u << 16);
+  if (avx512f && (xcr0_lo & 0xe6u) == 0xe6u) return VectorLevel::kAvx512;  // + opmask, ZMM
+  if (avx2) return VectorLevel::kAvx2;
 #endif
   return VectorLevel::kBase;
 }
