@@ -35,7 +35,7 @@ from .layout import (DEFAULT_BUILD, EXPORTS_MAP, LIB_NAME, TF_LIB_NAME, TORCH_LI
                      exports_map, source_dir)
 from .toolchain import (BASE_FLAGS, DEBUG_FLAGS, HIDDEN_FLAGS, PRIVATE_ARCHIVES_FLAG,
                         RELEASE_FLAGS, STRIP_FLAGS, TOOLCHAIN_ENV, build_library, compiler,
-                        env_flags, log, produce, strip_libraries)
+                        env_flags, log, private_archives, produce, strip_libraries)
 
 
 def _python_json(python: str, code: str, timeout: float) -> dict | list | None:
@@ -139,7 +139,7 @@ def _build_tensorflow(core: Path, src_dir: Path, build_root: Path, debug: bool, 
         + [f"-I{src_dir}", "-shared"] + env_flags("CXXFLAGS") + [str(s) for s in sources]
         + [f"-L{output.parent}", f"-l:{LIB_NAME}", "-Wl,-rpath,$ORIGIN",
            f"-L{stub.parent}", f"-l:{TF_FRAMEWORK_SONAME}", "-Wl,--no-undefined",
-           PRIVATE_ARCHIVES_FLAG, f"-Wl,--version-script={exports_map(src_dir)}"]
+           f"-Wl,--version-script={exports_map(src_dir)}"] + private_archives()
         + (STRIP_FLAGS if strip_libraries() else []) + env_flags("LDFLAGS")
     )
     inputs = sources + [header, src_dir / "include" / "spark_hvd.h", src_dir / EXPORTS_MAP]

@@ -25,9 +25,9 @@ import subprocess
 from pathlib import Path
 
 from .layout import DEFAULT_BUILD, MPI_LIB_PATTERN, MPI_PLUGIN_DIR, exports_map, source_dir
-from .toolchain import (BASE_FLAGS, DEBUG_FLAGS, HIDDEN_FLAGS, PRIVATE_ARCHIVES_FLAG,
-                        RELEASE_FLAGS, STRIP_FLAGS, build_library, compiler, env_flags, log,
-                        strip_libraries)
+from .toolchain import (BASE_FLAGS, DEBUG_FLAGS, HIDDEN_FLAGS, RELEASE_FLAGS,
+                        STRIP_FLAGS, build_library, compiler, env_flags, log,
+                        private_archives, strip_libraries)
 
 # ABI -> the wrapper that names it (Debian and Ubuntu install both beside the chosen mpicxx).
 NAMED_WRAPPERS = {"openmpi": "mpicxx.openmpi", "mpich": "mpicxx.mpich"}
@@ -115,8 +115,8 @@ def _build_one(wrapper: str, core: Path, sources: list[Path], src_dir: Path, bui
         cxx + BASE_FLAGS + (DEBUG_FLAGS if debug else RELEASE_FLAGS) + HIDDEN_FLAGS
         + mpi_compile + [f"-I{src_dir}", "-shared"] + env_flags("CXXFLAGS")
         + [str(p) for p in sources]
-        + ["-Wl,--no-undefined", f"-Wl,--version-script={exports_map(src_dir)}",
-           PRIVATE_ARCHIVES_FLAG] + mpi_link
+        + ["-Wl,--no-undefined", f"-Wl,--version-script={exports_map(src_dir)}"]
+        + private_archives() + mpi_link
         + (STRIP_FLAGS if strip_libraries() else []) + env_flags("LDFLAGS")
     )
     inputs = sources + [src_dir / "mpi" / "plugin_api.h", src_dir / "include" / "spark_hvd.h"]

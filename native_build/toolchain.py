@@ -77,6 +77,12 @@ def compiler() -> list[str]:
     return shlex.split(os.environ.get("CXX", "g++"))
 
 
+def private_archives() -> list[str]:
+    """PRIVATE_ARCHIVES_FLAG where the linker knows it (zig's does not; its libraries hide
+    everything but shvd_* through the version script anyway)."""
+    return [] if zig_toolchain() else [PRIVATE_ARCHIVES_FLAG]
+
+
 def strip_libraries() -> bool:
     return zig_toolchain() or os.environ.get("SPARK_HVD_STRIP", "") not in ("", "0")
 
