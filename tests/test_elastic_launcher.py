@@ -76,6 +76,28 @@ def test_killed_rank_survivors_continue_from_the_last_commit():
 
 
 @pytest.mark.timeout(150)
+def test_frozen_rank_is_stopped_and_the_survivors_continue():
+    """A rank frozen with SIGSTOP (alive, its host's kernel still answers): the survivors' op
+    fails at the stall shutdown, the frozen member does not answer the reset's abort, so
+    SPARK_HVD_ELASTIC_REJOIN_SECONDS after the reset began it is stopped and its host
+    blacklisted, and the survivors go on at size 2 from the last commit."""
+    t0 = time.monotonic()
+    r = elastic(3, "--steps", "20", "--stop", "127.0.0.2/0/2:6",
+                launcher_args=["--min-np", "2"],
+                env={"SPARK_HVD_STALL_CHECK_TIME_SECONDS": "1",
+                     "SPARK_HVD_STALL_SHUTDOWN_TIME_SECONDS": "2",
+                     "SPARK_HVD_ELASTIC_REJOIN_SECONDS": "4"})
+    took = time.monotonic() - t0
+    assert r.returncode == 0, r.describe()
+    assert_agree(r, 2)
+    after = [x for x in steps(r) if x["size"] == "2"]
+    assert int(after[0]["step"]) == 7, r.describe()  # the last commit was step 6
+    assert "frozen or hung" in r.stderr and "blacklisted host 127.0.0.2" in r.stderr, \
+        r.describe()
+    assert took < 60, f"the frozen rank held the job for {took:.0f} s"
+
+
+@pytest.mark.timeout(150)
 def test_user_exception_ends_the_job_with_its_traceback():
     """A user exception is not a loss: exit code 1, the traceback, Horovod's words, no
     blacklisting, no reset."""

@@ -43,8 +43,6 @@ def test_tf_function_lost_peer_is_horovod_internal_error():
 
 
 # -- through hvd.elastic.run in an elastic job ------------------------------------------------
-# These need the elastic launcher (spark_hvd.launch.elastic, developed beside this): skipped
-# until it is there.
 
 def _elastic_job(worker, launcher_args, env, timeout=250):
     """``spark-hvd-run LAUNCHER_ARGS python tests/workers/WORKER.py``: (exit code, output)."""
@@ -81,7 +79,6 @@ def test_sampler_exactly_once_when_a_rank_is_killed():
     """3 ranks on two hosts; the one on 127.0.0.1 is SIGKILLed mid-epoch between commits: the
     2 survivors finish 3 epochs, each epoch's committed samples exactly once (the lost rank's
     committed ones included), equal weights."""
-    pytest.importorskip("spark_hvd.launch.elastic")
     done, out = _sampler_job(["-np", "3", "--min-np", "2", "-H", "localhost:2,127.0.0.1:1"],
                              {"KILL_HOST": "127.0.0.1", "KILL_STEP": 20})
     assert done == [("0", "2", "True"), ("1", "2", "True")], out
@@ -92,12 +89,29 @@ def test_sampler_exactly_once_when_a_worker_joins(tmp_path):
     """2 ranks; at step 10 the discovery script starts listing a third host: the new worker
     (fresh optimizer, fresh sampler) syncs from rank 0 and the 3 ranks finish with every
     epoch's samples exactly once and equal weights."""
-    pytest.importorskip("spark_hvd.launch.elastic")
     marker = tmp_path / "grow"
     done, out = _sampler_job(["-np", "2", "--min-np", "2", "--max-np", "3",
                               "--host-discovery-script", _discovery_after(tmp_path, marker)],
                              {"GROW_MARKER": str(marker), "GROW_STEP": 10})
     assert done == [(str(r), "3", "True") for r in range(3)], out
+
+
+@pytest.mark.timeout(240)
+def test_sampler_exactly_once_across_a_removal_and_an_addition(tmp_path):
+    """3 ranks; the one on 127.0.0.1 is SIGKILLed mid-epoch, its host blacklisted for 1-2 s,
+    then the discovery script lists it again and a new worker there joins: the ranks finish
+    at size 3, every epoch's committed samples exactly once (the lost rank's included, and
+    none repeated by the newcomer), equal weights."""
+    script = tmp_path / "discover.sh"
+    script.write_text("#!/bin/sh\necho localhost:2\necho 127.0.0.1:1\n")
+    script.chmod(0o755)
+    done, out = _sampler_job(["-np", "3", "--min-np", "2", "--max-np", "3",
+                              "--host-discovery-script", str(script),
+                              "--blacklist-cooldown-range", "1", "2"],
+                             {"KILL_HOST": "127.0.0.1", "KILL_STEP": 16,
+                              "KILL_ONCE": str(tmp_path / "killed")})
+    assert done == [(str(r), "3", "True") for r in range(3)], out
+    assert "blacklisted host 127.0.0.1" in out and "reset 2" in out, out
 
 
 def _keras_job(launcher_args, env):
@@ -115,7 +129,6 @@ def test_keras_fit_survives_a_lost_rank_with_the_right_epochs():
     hvd.elastic.run takes for HorovodInternalError; they restore, resume with
     fit(initial_epoch=state.epoch) and train each of the 6 epochs once (#2844)."""
     pytest.importorskip("tensorflow")
-    pytest.importorskip("spark_hvd.launch.elastic")
     done, out = _keras_job(["-np", "3", "--min-np", "2", "-H", "localhost:2,127.0.0.1:1"],
                            {"KILL_HOST": "127.0.0.1", "KILL_EPOCH": 2})
     assert done == [("0", "2", "6", "True"), ("1", "2", "6", "True")], out
@@ -126,7 +139,6 @@ def test_keras_new_worker_with_an_unbuilt_optimizer_joins(tmp_path):
     """A worker joins at epoch 1: its Adam has no slots yet; the sync builds them and gives it
     rank 0's; the 3 ranks train the remaining epochs once each, with equal weights."""
     pytest.importorskip("tensorflow")
-    pytest.importorskip("spark_hvd.launch.elastic")
     marker = tmp_path / "grow"
     done, out = _keras_job(["-np", "2", "--min-np", "2", "--max-np", "3",
                             "--host-discovery-script", _discovery_after(tmp_path, marker)],

@@ -350,13 +350,18 @@ def test_a_worker_that_never_starts_is_dropped_after_the_start_timeout():
 
 
 def test_frozen_member_gets_abort_then_is_declared_lost():
-    job = Job({"a": 1, "b": 1, "c": 1}, num_proc=3, min_np=2, elastic_timeout=60)
+    """A member that does not rejoin gets the abort after the join grace (10 s) and is
+    declared frozen at the rejoin timeout (60 s by default), long before the elastic
+    timeout."""
+    job = Job({"a": 1, "b": 1, "c": 1}, num_proc=3, min_np=2, elastic_timeout=600)
     a, b, c = job.start()
     job.join(a, "failure", in_run=True)  # a's core failed; b and c are told at once
     job.join(b, "failure", in_run=True)
     job.elapse(11)
     assert job.channel.notices(c)[-1]["kind"] == "abort"
-    job.elapse(50)
+    job.elapse(47)
+    assert c not in job.spawner.stopped and job.d.state == drv.RESETTING
+    job.elapse(3)
     assert c in job.spawner.stopped and job.hm.is_blacklisted("c")
     assert job.d.state == drv.RUNNING and job.d.members == [a, b]
 

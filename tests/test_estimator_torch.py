@@ -148,7 +148,8 @@ def test_resume_after_a_rank_is_killed(spark, regression_df, tmp_path):
     estimator = make_estimator(
         store, epochs=4, run_id="resumable", train_steps_per_epoch=steps,
         env={"TEST_STEPS_PER_EPOCH": str(steps)},
-        train_minibatch_fn=estimator_fns.killing_minibatch(str(tmp_path), kill_epoch=2))
+        train_minibatch_fn=estimator_fns.killing_minibatch(str(tmp_path), kill_epoch=2),
+        max_failures=0)   # no retry: the fit fails (tests/test_fit_retry.py: it goes on)
     with pytest.raises(RunError):
         estimator.fit(regression_df)
     saved = store.list_checkpoints("resumable")

@@ -6,6 +6,7 @@
 #include <optional>
 #include <string>
 
+#include "../common/cpu_relax.h"
 #include "../transport/shm_segment.h"
 #include "shared_arenas.h"
 #include "shared_memory_group_internal.h"
@@ -13,7 +14,6 @@
 namespace shvd {
 
 namespace {
-inline void cpu_relax() { __builtin_ia32_pause(); }
 
 // Layout: every member's Control, every member's table (input and output address of each
 // tensor of the current single-copy allreduce, or arena and offset on the arena path), every

@@ -15,6 +15,7 @@
 #include <sched.h>
 #include <unistd.h>
 
+#include "../common/cpu_relax.h"
 #include "../algorithms/cpu_placement.h"
 #include "../mpi/mpi_backend.h"
 #include "engine.h"
@@ -32,13 +33,6 @@ constexpr int kRunHereSpinTurns = 256;
 constexpr std::chrono::microseconds kRunHereSpread{20};
 constexpr std::chrono::milliseconds kRunHereWait{2};
 
-inline void cpu_relax() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  asm volatile("yield");
-#endif
-}
 }  // namespace
 
 bool Engine::control_readable() {

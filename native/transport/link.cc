@@ -12,6 +12,8 @@
 #include <chrono>
 #include <cstring>
 
+#include "../common/cpu_relax.h"
+
 namespace shvd {
 
 void AbortFlag::raise(const std::string& why) {
@@ -98,13 +100,6 @@ constexpr int kPollTimeoutMs = 50;
 // How often a waiting rank asks shared-memory links whether their peer process still exists.
 constexpr auto kLivenessInterval = std::chrono::milliseconds(10);
 
-inline void cpu_relax() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  asm volatile("yield");
-#endif
-}
 
 long sleep_ns_for(int iteration) {
   // 2, 4, 8, ... µs, doubling every 32 idle rounds, capped.

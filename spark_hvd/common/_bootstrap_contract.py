@@ -67,6 +67,10 @@ ELASTIC_WORKER_ID = "SPARK_HVD_ELASTIC_WORKER_ID"
 # Seconds the job may spend re-forming (Horovod's HOROVOD_ELASTIC_TIMEOUT, --elastic-timeout).
 ELASTIC_TIMEOUT = "SPARK_HVD_ELASTIC_TIMEOUT"
 DEFAULT_ELASTIC_TIMEOUT = 600.0
+# Seconds after a reset began by which every member must have rejoined; one that has not (it
+# ignored the reset's abort) is frozen: stopped, its host blacklisted.
+ELASTIC_REJOIN = "SPARK_HVD_ELASTIC_REJOIN_SECONDS"
+DEFAULT_ELASTIC_REJOIN = 60.0
 # The placement variables that Horovod's elastic workers get (its gloo_context SetEnv names);
 # an elastic worker's init() keeps them, and ours, at the current round's values.
 HOROVOD_MIRRORS = {RANK: "HOROVOD_RANK", SIZE: "HOROVOD_SIZE", LOCAL_RANK: "HOROVOD_LOCAL_RANK",
@@ -109,14 +113,26 @@ def round_job_id(job_id: str, round_: int) -> str:
 
 def elastic_timeout(env=None) -> float:
     """``SPARK_HVD_ELASTIC_TIMEOUT`` (or ``HOROVOD_ELASTIC_TIMEOUT``), else 600 s."""
-    value = setting(ELASTIC_TIMEOUT[len(PREFIX):], env)
+    return _seconds(ELASTIC_TIMEOUT, DEFAULT_ELASTIC_TIMEOUT, env)
+
+
+def elastic_rejoin_timeout(env=None) -> float:
+    """``SPARK_HVD_ELASTIC_REJOIN_SECONDS``, else 60 s."""
+    return _seconds(ELASTIC_REJOIN, DEFAULT_ELASTIC_REJOIN, env)
+
+
+def _seconds(variable: str, default: float, env=None) -> float:
+    value = setting(variable[len(PREFIX):], env)
     if value is None:
-        return DEFAULT_ELASTIC_TIMEOUT
+        return default
     try:
-        return float(value)
+        seconds = float(value)
     except ValueError:
-        raise ValueError(f"{set_name(ELASTIC_TIMEOUT[len(PREFIX):], env)}={value!r} is not a "
-                         "number of seconds") from None
+        seconds = -1.0
+    if not seconds > 0:
+        raise ValueError(f"{set_name(variable[len(PREFIX):], env)}={value!r} is not a positive "
+                         "number of seconds")
+    return seconds
 
 
 # -- reading it -----------------------------------------------------------------------------

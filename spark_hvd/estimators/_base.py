@@ -12,6 +12,7 @@ import secrets
 from pyspark.ml import Estimator, Model
 
 from . import _params, _tracking
+from ._fit_retry import FitRetry
 from ._persistence import Persistable
 from ._progress import ProgressSink
 from .rank._training import RankEntry
@@ -109,6 +110,9 @@ class DistributedEstimator(Estimator, Persistable):
     """Base of TorchEstimator and KerasEstimator (framework hooks at the bottom)."""
 
     _run_prefix = "run"
+    # Whether a lost rank is survived in memory (hvd.elastic.run on run_elastic; the rank's
+    # training function supports config["elastic"]) rather than from the last checkpoint.
+    _fit_in_memory = False
 
     def __init__(self, **kwargs):
         super().__init__()
@@ -195,9 +199,9 @@ class DistributedEstimator(Estimator, Persistable):
         sink = ProgressSink(getattr(backend, "stdout", None), verbose)
         trainer = RankEntry(self._remote_trainer(), self.getMpStartMethod())
         with _tracking.track_fit(self, run_id, sink) as tracking:
-            try:
-                results = run_on(backend, trainer, (config, resume), self._run_env(), spark,
-                                 sink)
+            try:   # ranks lost during training: goes on (in memory, or from a checkpoint)
+                results = FitRetry(self, backend, spark, sink, run_id, config).run(
+                    trainer, resume, self._run_env())
             finally:
                 sink.close()
             model = self._create_model(results[0], metadata, run_id)

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from pyspark.ml.param import Param, Params, TypeConverters
 
+from ._fit_retry import RETRY_PARAMS
+
 
 def _camel(name: str) -> str:
     return "".join(part[:1].upper() + part[1:] for part in name.split("_"))
@@ -125,6 +127,9 @@ COMMON_ESTIMATOR_PARAMS = {
     "mlflow_tracking_uri": ("MLflow tracking URI to log to (default: MLflow's own, from "
                             "MLFLOW_TRACKING_URI); setting it turns tracking on", None, None),
 }
+
+# A fit that survives lost ranks: max_failures, min_num_proc (see _fit_retry).
+COMMON_ESTIMATOR_PARAMS.update(RETRY_PARAMS)
 
 COMMON_MODEL_PARAMS = {
     "model": ("the trained model", None, None),

@@ -76,6 +76,7 @@ class TorchEstimator(DistributedEstimator):
     """
 
     _run_prefix = "torch"
+    _fit_in_memory = True   # lost ranks: hvd.elastic.run on run_elastic (rank/_fit_elastic)
 
     def __init__(self, **kwargs):
         super().__init__(**kwargs)

@@ -73,8 +73,20 @@ def _write_atomically(path, data):
     os.replace(tmp, path)
 
 
-def _error_report(exc, where):
+def _lost_peer(exc):
+    """Whether ``exc`` is a lost peer: a ``HorovodInternalError``, or TensorFlow's form of one
+    (an op error inside a ``tf.function`` or ``model.fit`` whose message holds the line
+    ``HorovodInternalError: ...``), which must not read as an error in ``fn``."""
     from spark_hvd.common.exceptions import HorovodInternalError
+    if isinstance(exc, HorovodInternalError):
+        return True
+    if "tensorflow" in sys.modules and type(exc).__module__.startswith("tensorflow"):
+        from spark_hvd.tensorflow.elastic import internal_error
+        return internal_error(exc) is not None
+    return False
+
+
+def _error_report(exc, where):
     tb = exc.__traceback__
     if tb is not None and tb.tb_next is not None:
         tb = tb.tb_next  # start at fn, not at main() here
@@ -83,7 +95,7 @@ def _error_report(exc, where):
         "module": type(exc).__module__,
         "message": str(exc),
         "traceback": "".join(traceback.format_exception(type(exc), exc, tb)),
-        "internal": isinstance(exc, HorovodInternalError),
+        "internal": _lost_peer(exc),
         "where": where,
     }
 

@@ -60,7 +60,9 @@ def _pump(pipe: BinaryIO, rank, stream_name: str, sink: LineSink,
                 copy_to.write(line)
                 copy_to.flush()
             label = rank() if callable(rank) else rank
-            sink.write_line(line_prefix(label, stream_name, timestamp) + line)
+            if label is not None:
+                line = line_prefix(label, stream_name, timestamp) + line
+            sink.write_line(line)
     finally:
         pipe.close()
         if copy_to is not None:
@@ -73,7 +75,8 @@ def forward(pipe: BinaryIO, rank, stream_name: str, sink: LineSink,
     """Start a daemon thread copying ``pipe`` to ``sink`` line by line until EOF.
 
     ``rank`` is the rank in the prefix, or a function that returns the current one (an elastic
-    worker's rank changes from round to round). With ``output_dir``, the raw lines also go to
+    worker's rank changes from round to round), or None for no prefix (a Spark slot task: the
+    driver, which knows the worker's current rank, adds it). With ``output_dir``, the raw lines also go to
     ``output_dir/<dir_name>/<stream_name>`` (``dir_name`` default: ``rank.N``).
     """
     copy_to = None

@@ -15,11 +15,10 @@ import sys
 import threading
 
 from spark_hvd.common import _bootstrap_contract as contract
-from spark_hvd.common import _elastic_protocol as proto
 from spark_hvd.common._rendezvous import RendezvousServer
 from spark_hvd.common._secret import make_secret, secret_to_env
 from spark_hvd.launch import net as _net
-from spark_hvd.launch.elastic.driver import Channel, ElasticDriver
+from spark_hvd.launch.elastic.driver import ElasticDriver, StoreChannel, worker_event
 from spark_hvd.launch.elastic.hosts import FixedHosts, HostManager
 from spark_hvd.launch.elastic.policy import FailurePolicy
 from spark_hvd.launch.elastic.spawner import ProcessSpawner, elastic_env
@@ -28,14 +27,6 @@ from spark_hvd.runner import _env
 
 PROG = "spark-hvd-run"
 DEFAULT_PEER_TIMEOUT_SECONDS = 25.0
-
-
-class _StoreChannel(Channel):
-    def __init__(self, server, scope):
-        self.server, self.scope = server, scope
-
-    def put(self, key, value):
-        self.server.put(self.scope, key, proto.encode(value))
 
 
 class ElasticJob:
@@ -84,20 +75,9 @@ class ElasticJob:
         driver_box = {}
 
         def on_put(put_scope, key, value):
-            if put_scope != scope:
-                return
-            parsed = proto.parse_key(key)
-            if parsed is None:
-                return
-            kind, wid, seq = parsed
-            try:
-                payload = proto.decode(value)
-            except ValueError:
-                return
-            if kind == "join":
-                driver_box["d"].post(("joined", wid, seq, payload))
-            else:
-                driver_box["d"].post((kind, wid, payload))
+            event = worker_event(key, value) if put_scope == scope else None
+            if event is not None:
+                driver_box["d"].post(event)
 
         server = RendezvousServer(
             secret, bind_host=bind_host, on_put=on_put,
@@ -147,10 +127,12 @@ class ElasticJob:
             timestamp=self.args.prefix_timestamp, ssh_port=self.args.ssh_port,
             ssh_identity_file=self.args.ssh_identity_file, connect_timeout=self.start_timeout,
             grace_seconds=grace)
-        driver = ElasticDriver(hosts, spawner, _StoreChannel(server, scope),
+        driver = ElasticDriver(hosts, spawner, StoreChannel(server, scope),
                                num_proc=self.num_proc, min_np=self.min_np, max_np=self.max_np,
                                policy=policy, elastic_timeout=self.elastic_timeout,
-                               start_timeout=self.start_timeout, log=self.log)
+                               start_timeout=self.start_timeout,
+                               rejoin_timeout=contract.elastic_rejoin_timeout(self.base_env),
+                               log=self.log)
         driver_box["d"] = driver
         self.log(f"elastic job {job_id}: {self.num_proc} process(es) to start, min "
                  f"{self.min_np}, max {self.max_np or 'all slots'}; rendezvous on {bind_host} "

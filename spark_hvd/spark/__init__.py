@@ -15,11 +15,14 @@ that it starts with the same bootstrap environment as ``spark-hvd-run``; the ran
 other through ``BarrierTaskContext.allGather`` and then talk directly, authenticated by a
 per-job secret (not encrypted: ``run`` refuses a cluster with ``spark.ssl.enabled`` unless
 allowed, see :func:`run`).
+
+:func:`run_elastic` runs an elastic job instead (Horovod's ``horovod.spark.run_elastic``): no
+barrier stage, one Spark job per slot, and a lost executor is a reset, not the end.
 """
 
 from spark_hvd.spark._errors import RunError
 
-__all__ = ["run", "RunError"]
+__all__ = ["run", "run_elastic", "RunError"]
 
 
 def run(fn, args=(), kwargs=None, num_proc=None, start_timeout=None, use_mpi=None,
@@ -109,3 +112,77 @@ def run(fn, args=(), kwargs=None, num_proc=None, start_timeout=None, use_mpi=Non
                          verbose=verbose, nics=nics,
                          prefix_output_with_timestamp=prefix_output_with_timestamp,
                          executable=executable, spark=spark).run()
+
+
+def run_elastic(fn, args=(), kwargs=None, num_proc=None, min_num_proc=None, max_num_proc=None,
+                start_timeout=None, elastic_timeout=None, reset_limit=None, env=None,
+                stdout=None, stderr=None, verbose=1, nics=None,
+                prefix_output_with_timestamp=False, min_np=None, max_np=None,
+                cooldown_range=None, executable=None, spark=None):
+    """Runs ``fn(*args, **kwargs)`` as an elastic spark_hvd job on Spark tasks: it survives
+    lost executors and grows back when Spark gives it slots again (Horovod's
+    ``horovod.spark.run_elastic``, same arguments).
+
+    ``fn`` trains under ``hvd.elastic.run`` with a state (``hvd.elastic.TorchState``, ...), as
+    in any elastic script: when a rank is lost, the others return to the last
+    ``state.commit()`` and go on without it; a worker that joins gets the state from rank 0.
+
+    There is no barrier stage: every slot is a one-task Spark job of its own (submitted from a
+    driver thread), whose task registers with the driver and runs the worker the driver gives
+    it. A lost executor fails only its own slots' tasks: their workers are dropped at the next
+    reset (within the peer timeout, ``SPARK_HVD_PEER_TIMEOUT_SECONDS``, for a machine that goes
+    silent; at once for a killed executor) and training goes on while at least
+    ``min_num_proc`` remain. Spark runs the lost tasks again where it has room (or the driver
+    submits a slot job again once one ended): each new task is a new worker that joins at the
+    next reset, up to ``max_num_proc``. Pending slot jobs are what makes dynamic allocation
+    request executors.
+
+    Args:
+        fn, args, kwargs: the function each worker runs and its arguments (cloudpickled).
+        num_proc: processes to start with (Horovod's default: ``spark.default.parallelism``;
+            with ``spark.dynamicAllocation.enabled``, the executors Spark starts with times
+            the slots of one, ``spark.executor.cores // spark.task.cpus``).
+        min_num_proc (or Horovod's older ``min_np``): fewer processes than this and training
+            waits (up to ``elastic_timeout``) for slots; default ``num_proc`` (with dynamic
+            allocation: ``minExecutors`` times the slots of one, at least 1).
+        max_num_proc (or ``max_np``): never more processes than this, and the number of slot
+            jobs submitted; default ``num_proc`` (with dynamic allocation: ``maxExecutors``
+            times the slots of one, when set).
+        start_timeout: seconds for ``num_proc`` slot tasks to start and register, and for a
+            new worker to join (default ``$SPARK_HVD_SPARK_START_TIMEOUT``,
+            ``$HOROVOD_SPARK_START_TIMEOUT``, or 600).
+        elastic_timeout: seconds a reset may wait for enough processes (default
+            ``$SPARK_HVD_ELASTIC_TIMEOUT``, ``$HOROVOD_ELASTIC_TIMEOUT``, or 600).
+        reset_limit: fail the run after this many resets (default: no limit).
+        cooldown_range: ``(min, max)`` seconds an executor where a worker was lost stays
+            unused (default ``(10, 600)``, doubling with each failure there).
+        env, stdout, stderr, verbose, nics, prefix_output_with_timestamp, executable, spark:
+            as for :func:`run`. Every output line carries the worker's *current* rank.
+
+    Returns:
+        The final round's return values of ``fn``, in its rank order (a worker whose ``fn``
+        never called ``init()`` is collected by the rank it was started for).
+
+    Raises:
+        RunError: ``fn`` raised (``kind="user"``: the run ends at once with its traceback;
+            it is never retried), fewer than ``min_num_proc`` processes were left for
+            ``elastic_timeout``, ``reset_limit`` was exceeded, every process of the last round
+            was lost (the training state with them), or too few slot tasks started within
+            ``start_timeout``.
+    """
+    import warnings
+    if min_np is not None:
+        warnings.warn("min_np is deprecated, use min_num_proc instead", DeprecationWarning,
+                      stacklevel=2)
+        min_num_proc = min_np
+    if max_np is not None:
+        warnings.warn("max_np is deprecated, use max_num_proc instead", DeprecationWarning,
+                      stacklevel=2)
+        max_num_proc = max_np
+    from spark_hvd.spark._elastic import ElasticRunController
+    return ElasticRunController(
+        fn, args=args, kwargs=kwargs, num_proc=num_proc, min_np=min_num_proc,
+        max_np=max_num_proc, start_timeout=start_timeout, elastic_timeout=elastic_timeout,
+        reset_limit=reset_limit, env=env, stdout=stdout, stderr=stderr, verbose=verbose,
+        nics=nics, prefix_output_with_timestamp=prefix_output_with_timestamp,
+        cooldown_range=cooldown_range, executable=executable, spark=spark).run()

@@ -13,6 +13,11 @@ Spark has no way to carry while the stage runs:
   ``abort`` (set by the first failure: every task stops its rank at once) and ``user_error``
   (an exception in ``fn``: a retried stage attempt refuses to run it again).
 
+``run_elastic`` serves its elastic protocol from the same store (``DriverChannel.server``
+with the store's hooks): the workers' ``<job>/elastic`` scope, the slot tasks' ``<job>/slots``
+scope (registrations, work, exits, results), and each slot task's output under its task key
+(:meth:`DriverChannel.follow`).
+
 Every task reaches the driver when the driver is Spark's (its address is ``spark.driver.host``,
 which executors reach by construction). A Spark Connect client may not be reachable from the
 executors: then each task writes its ranks' output to its executor log instead and the run
@@ -63,13 +68,15 @@ class DriverChannel:
     """The driver's end: serves the store and copies each rank's output to the sinks."""
 
     def __init__(self, job_id: str, secret: bytes, num_proc: int, bind_host: str,
-                 advertise_host: str, sinks: dict[bytes, object]):
+                 advertise_host: str, sinks: dict[bytes, object], **server_options):
         self.job_id = job_id
         self.num_proc = num_proc
         self._secret = secret
         self._sinks = sinks
-        self._server = RendezvousServer(secret, bind_host=bind_host)
-        port = self._server.start()
+        # The store itself: run_elastic's driver also serves its elastic scope here
+        # (``server_options``: the store's hooks, see RendezvousServer).
+        self.server = RendezvousServer(secret, bind_host=bind_host, **server_options)
+        port = self.server.start()
         local = "127.0.0.1" if bind_host in ("0.0.0.0", "") else bind_host
         self._local_addr = _addr(local, port)
         self.addr = _addr(advertise_host, port)
@@ -82,7 +89,16 @@ class DriverChannel:
         for t in self._readers:
             t.start()
 
-    def _read_output(self, rank: int) -> None:
+    def follow(self, key: str, sinks: dict[bytes, object]) -> None:
+        """Copy the output that the task channel named ``key`` sends to ``sinks`` (a
+        run_elastic slot task, whose name is not a rank: its worker's rank changes)."""
+        t = threading.Thread(target=self._read_output, args=(key, sinks), daemon=True,
+                             name=f"spark-hvd-output-{key}")
+        self._readers.append(t)
+        t.start()
+
+    def _read_output(self, rank, sinks=None) -> None:
+        sinks = sinks or self._sinks
         try:
             client = KVClient(self._local_addr, self._secret, timeout=10)
         except RuntimeError:
@@ -96,11 +112,12 @@ class DriverChannel:
                 except RuntimeError:
                     return  # the server stopped: the run is over
                 if chunk == EOF:
-                    self._eof[rank].set()
+                    if isinstance(rank, int):
+                        self._eof[rank].set()
                     client.delete_scope(scope)
                     return
                 for tag, line in decode_lines(chunk):
-                    sink = self._sinks.get(tag) or self._sinks[STDERR]
+                    sink = sinks.get(tag) or sinks[STDERR]
                     sink.write_line(line)
                 if seq % WINDOW == WINDOW - 1:
                     client.delete_scope(scope)
@@ -169,7 +186,7 @@ class DriverChannel:
 
     def close(self) -> None:
         self._client.close()
-        self._server.stop()
+        self.server.stop()
         for t in self._readers:
             t.join(timeout=2)
 

@@ -3,7 +3,7 @@
     STARTING ──> RUNNING ──────────> FINISHED
         │         │    ▲
         │         ▼    │
-        │       RESTARTING            (no policy enters it yet: fault-tolerant fitting)
+        │       RESTARTING            (no policy enters it: see below)
         │         │
         └─────────┴──────────────> ERRORED   (from STARTING, RUNNING or RESTARTING)
 
@@ -23,8 +23,10 @@ RUNNING    one barrier stage of ``num_proc`` tasks through ``mapInArrow(..., bar
            wait for the lost task slots, resubmitting the barrier stage). Then each rank's
            pickled result, in rank order, and the ranks' last output lines.
 RESTARTING the failed attempt's ranks are stopped and a new attempt is prepared, then RUNNING
-           again. :meth:`RunController._after_failure` is where a retry policy will choose it
-           over ERRORED; today every failure is final.
+           again. :meth:`RunController._after_failure` is where a retry policy would choose
+           it over ERRORED; every failure is final here: a fit's retries
+           (``estimators/_fit_retry.py``) call ``run`` again on the task slots free then, and
+           ``run_elastic`` (``_elastic``) survives lost ranks without a restart.
 FINISHED   the ranks' results (terminal).
 ERRORED    the failing rank's report (its traceback) is the :class:`RunError`; the other tasks
            were told to stop their ranks, and the driver waited (bounded) until they did
@@ -213,23 +215,30 @@ def assemble_results(rows, num_proc: int) -> list:
             for r in range(num_proc)]
 
 
+def take_run_arguments(run, fn, args, kwargs, start_timeout, env, stdout, stderr, verbose, nics,
+                       prefix_output_with_timestamp, executable, spark) -> None:
+    """Keeps on ``run`` (a controller) the arguments ``run`` and ``run_elastic`` share."""
+    run.fn, run.args, run.kwargs = fn, tuple(args), dict(kwargs or {})
+    run.start_timeout = _start_timeout(start_timeout)
+    run.env = forwarded_env(env)
+    run.stdout = LineSink(stdout if stdout is not None else sys.stdout)
+    run.stderr = LineSink(stderr if stderr is not None else sys.stderr)
+    run.verbose = verbose
+    run.nics = nics
+    run.timestamp = prefix_output_with_timestamp
+    run.executable = executable
+    run.spark = spark
+
+
 class RunController:
     """One call of ``spark_hvd.spark.run``."""
 
     def __init__(self, fn, args=(), kwargs=None, num_proc=None, start_timeout=None, env=None,
                  stdout=None, stderr=None, verbose=1, nics=None,
                  prefix_output_with_timestamp=False, executable=None, spark=None):
-        self.fn, self.args, self.kwargs = fn, tuple(args), dict(kwargs or {})
+        take_run_arguments(self, fn, args, kwargs, start_timeout, env, stdout, stderr, verbose,
+                           nics, prefix_output_with_timestamp, executable, spark)
         self.num_proc = num_proc
-        self.start_timeout = _start_timeout(start_timeout)
-        self.env = forwarded_env(env)
-        self.stdout = LineSink(stdout if stdout is not None else sys.stdout)
-        self.stderr = LineSink(stderr if stderr is not None else sys.stderr)
-        self.verbose = verbose
-        self.nics = nics
-        self.timestamp = prefix_output_with_timestamp
-        self.executable = executable
-        self.spark = spark
         self.state: State | None = None
         # The states left so far and the seconds spent in each, in order.
         self.history: list[tuple[State, float]] = []
@@ -309,7 +318,8 @@ class RunController:
 
     def _after_failure(self, error: BaseException) -> State:
         """The state after a step failed with ``error``. Every failure ends the run today;
-        fault-tolerant fitting will return RESTARTING here while its retries last."""
+        a fit's retries run a new ``run`` instead (``estimators/_fit_retry.py``), on the task
+        slots free then."""
         self.error = error
         if isinstance(error, RunError):
             error.state = self.state.value

@@ -96,6 +96,19 @@ def default_num_proc(spark) -> int:
                      "spark.default.parallelism: pass num_proc=")
 
 
+# What run_elastic's sizes may come from (see _elastic.elastic_sizes).
+DYNAMIC_ALLOCATION_KEYS = ("spark.dynamicAllocation.enabled",
+                           "spark.dynamicAllocation.minExecutors",
+                           "spark.dynamicAllocation.maxExecutors",
+                           "spark.dynamicAllocation.initialExecutors",
+                           "spark.executor.instances", "spark.executor.cores", "spark.task.cpus")
+
+
+def dynamic_allocation_conf(spark) -> dict[str, str]:
+    """The Spark configuration values :data:`DYNAMIC_ALLOCATION_KEYS` that are set."""
+    return {k: v for k in DYNAMIC_ALLOCATION_KEYS if (v := conf(spark, k)) is not None}
+
+
 def total_slots(spark) -> int | None:
     """How many tasks the cluster can run at once right now; None when it cannot be told."""
     if not is_connect(spark):

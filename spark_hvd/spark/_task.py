@@ -126,6 +126,31 @@ def result_batches(rank: int, data: bytes, chunk_bytes: int = 1 << 20):
              pa.array([chunk], pa.binary())], names=["rank", "seq", "chunk"])
 
 
+def executor_env() -> dict[str, str]:
+    """The base of a rank's environment: the executor's (``spark.executorEnv.*`` included),
+    less Spark's worker protocol, with the worker's import path (Spark adds ``--py-files``
+    and archives at run time) as ``PYTHONPATH``, so the rank can import what fn refers to."""
+    base = {k: v for k, v in os.environ.items() if k not in _WORKER_ONLY}
+    base["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+    return base
+
+
+def stop_child(proc) -> None:
+    """Stop a task's child process and everything it started: SIGTERM, then SIGKILL after a
+    grace."""
+    if proc is None or not group_alive(proc):
+        return
+    proc.signal_group(signal.SIGTERM)
+    deadline = time.monotonic() + _KILL_GRACE_SECONDS
+    while group_alive(proc) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    proc.signal_group(signal.SIGKILL)
+    try:
+        proc.popen.wait(timeout=5)
+    except Exception:  # noqa: BLE001
+        pass
+
+
 def _bind_address(address: str) -> str:
     """The address the rank's listeners bind to: the executor's own address, where the driver
     reaches this executor (a network interface set for the job, ``nics`` or
@@ -184,13 +209,9 @@ class _RankTask:
                 SPARK_GPUS_ENV: ",".join(mine)}
 
     def _child_env(self, rendezvous_addr: str, bind_addr: str) -> dict[str, str]:
-        # The executor's environment (spark.executorEnv.* included), less Spark's worker
-        # protocol; the driver's tuning variables and env= override it, the bootstrap
-        # variables override everything.
-        base = {k: v for k, v in os.environ.items() if k not in _WORKER_ONLY}
-        # The worker's import path (Spark adds --py-files and archives at run time), so the
-        # rank can import what fn refers to.
-        base["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+        # The driver's tuning variables and env= override the executor's environment, the
+        # bootstrap variables override everything.
+        base = executor_env()
         base.update(self._gpu_env())
         base.update(self.spec.env)
         slot = SlotInfo(hostname=_placement.host_id(self.address), rank=self.slot.rank,
@@ -401,18 +422,7 @@ class _RankTask:
             t.join(timeout=max(0.0, deadline - time.monotonic()))
 
     def _stop_child(self) -> None:
-        """Stop the rank and everything it started: SIGTERM, then SIGKILL after a grace."""
-        if self.proc is None or not group_alive(self.proc):
-            return
-        self.proc.signal_group(signal.SIGTERM)
-        deadline = time.monotonic() + _KILL_GRACE_SECONDS
-        while group_alive(self.proc) and time.monotonic() < deadline:
-            time.sleep(0.02)
-        self.proc.signal_group(signal.SIGKILL)
-        try:
-            self.proc.popen.wait(timeout=5)
-        except Exception:  # noqa: BLE001
-            pass
+        stop_child(self.proc)
 
     def cleanup(self) -> None:
         # Also after a clean exit: whatever the rank started and left behind goes with it.

@@ -14,6 +14,9 @@ once its first checkpoint exists, the test kills one host; the RunError goes to
 DIR/failed.json; once the test brings the host back (DIR/back), the same fit again, which must
 resume; DIR/result.json.
 
+MODE ``survive-fit``: the same slow fit with its retries (in memory on ``run_elastic``); the
+test kills one host after the first checkpoint; the fit goes on; DIR/result.json.
+
 MODE ``iface``: ``spark.run`` with ``spark.spark_hvd.networkInterface`` eth0, then mgmt0 (an
 interface that does not connect the hosts); DIR/result.json.
 """
@@ -101,7 +104,7 @@ def regression_df(spark, rows=512):
                                  ["features", "label"]).repartition(NUM_PROC)
 
 
-def estimator(out_dir, epochs, sleep, run_id=None, callbacks=None):
+def estimator(out_dir, epochs, sleep, run_id=None, callbacks=None, **params):
     from spark_hvd.estimators import Store, TorchEstimator
     torch.manual_seed(0)
     model = SlowLinear(sleep)
@@ -110,7 +113,7 @@ def estimator(out_dir, epochs, sleep, run_id=None, callbacks=None):
         optimizer=torch.optim.SGD(model.parameters(), lr=0.05),
         loss=torch.nn.functional.mse_loss, feature_cols=["features"], label_cols=["label"],
         batch_size=16, epochs=epochs, random_seed=7, verbose=1, run_id=run_id,
-        callbacks=callbacks or [])
+        callbacks=callbacks or [], **params)
 
 
 def error_report(e, since=None) -> dict:
@@ -152,8 +155,9 @@ def mode_lose_fit(spark, out_dir):
     run_id = "lost_host_run"
     epochs_log = os.path.join(out_dir, "epochs")
     df = regression_df(spark)
+    # No retries: this fit fails (mode survive-fit: one that goes on by itself).
     first = estimator(out_dir, epochs=EPOCHS, sleep=0.1, run_id=run_id,
-                      callbacks=[EpochLog(epochs_log + ".1")])
+                      callbacks=[EpochLog(epochs_log + ".1")], max_failures=0)
     store = first.getStore()
 
     def mark_ready():  # once a checkpoint exists, the test may kill the host
@@ -183,6 +187,26 @@ def mode_lose_fit(spark, out_dir):
             "resumed_fit_seconds": time.monotonic() - t0}
 
 
+def mode_survive_fit(spark, out_dir):
+    """A slow TorchEstimator.fit (in memory, on run_elastic); DIR/ready once its first
+    checkpoint exists, then the test kills one host: the fit goes on on the other."""
+    run_id = "surviving_run"
+    model = estimator(out_dir, epochs=EPOCHS, sleep=0.1, run_id=run_id, min_num_proc=1)
+    store = model.getStore()
+
+    def mark_ready():
+        while not store.list_checkpoints(run_id):
+            time.sleep(0.2)
+        with open(os.path.join(out_dir, "ready"), "w") as f:
+            f.write(str(time.time()))
+
+    threading.Thread(target=mark_ready, daemon=True).start()
+    t0 = time.monotonic()
+    fitted = model.fit(regression_df(spark))
+    return {"history": fitted.getHistory(), "fit_seconds": time.monotonic() - t0,
+            "checkpoints": [epoch for epoch, _ in store.list_checkpoints(run_id)]}
+
+
 def mode_iface(spark, out_dir):
     """Hosts with two interfaces of which only eth0 connects them: the ranks on eth0 (set on
     the running session), then on mgmt0, whose addresses the other host cannot reach."""
@@ -204,7 +228,8 @@ def main():
     spark = SparkSession.builder.appName(f"spark_hvd multihost {mode}").getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     result = {"run": mode_run, "lose-run": mode_lose_run,
-              "lose-fit": mode_lose_fit, "iface": mode_iface}[mode](spark, out_dir)
+              "lose-fit": mode_lose_fit, "survive-fit": mode_survive_fit,
+              "iface": mode_iface}[mode](spark, out_dir)
     with open(os.path.join(out_dir, "result.json"), "w") as f:
         json.dump(result, f)
     spark.stop()

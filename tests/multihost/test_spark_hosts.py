@@ -141,6 +141,27 @@ def test_lost_host_during_fit_then_resume(spark_bed, tmp_path):
           f"{checkpoints}); the resumed fit took {result['resumed_fit_seconds']:.1f} s")
 
 
+@pytest.mark.timeout(420)
+def test_lost_host_during_a_fit_that_survives(spark_bed, tmp_path):
+    """Issue 31: the fit goes on in memory on the other host's ranks, and returns a model
+    whose history has every epoch once."""
+    proc = spark_bed.submit(JOB, "survive-fit", tmp_path, confs=CONFS)
+    wait_for_file(tmp_path / "ready", proc, 180)
+    victim = spark_bed.bed.hosts[1]
+    killed_at = time.time()
+    assert spark_bed.bed.signal_host(victim, signal.SIGKILL)
+    out, err = _finish(spark_bed, proc, 300)
+    result = json.loads((tmp_path / "result.json").read_text())
+    assert len(result["history"]["loss"]) == EPOCHS, result
+    assert result["checkpoints"][-1] == EPOCHS - 1, result
+    assert "spark_hvd: fit surviving_run: reset 1 of 3 in memory: lost rank" in out, \
+        out[-4000:] + err[-4000:]
+    assert f"@{victim.addr}" in out, out[-4000:]
+    reset = next(line for line in out.splitlines() if "reset 1 of 3 in memory" in line)
+    print(f"fit with a host killed {time.time() - killed_at:.0f} s before it returned; "
+          f"{result['fit_seconds']:.0f} s in all; {reset}")
+
+
 def test_network_interface_from_the_spark_configuration(spark_bed, tmp_path):
     # spark.spark_hvd.networkInterface chooses the interface every rank binds to and
     # advertises: eth0 works; on mgmt0, whose addresses the other host cannot reach, the ranks

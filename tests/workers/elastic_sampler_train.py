@@ -7,7 +7,8 @@ After every epoch each rank prints
 more for those borrowed from the next epoch as padding), and at the end
 ``DONE rank=R size=S steps=K weights_equal=True|False``.
 
-Environment: KILL_HOST (the worker on that host SIGKILLs itself at step KILL_STEP),
+Environment: KILL_HOST (the worker on that host SIGKILLs itself at step KILL_STEP; with
+KILL_ONCE, a file, only the first time),
 GROW_MARKER (rank 0 creates that file at step GROW_STEP: the test's discovery script then
 lists one more host).
 """
@@ -29,6 +30,19 @@ def at_step(name, step):
     return int(os.environ.get(f"{name}_STEP", -1)) == step
 
 
+def first_kill():
+    """True the first time, on any worker, unless KILL_ONCE names no file (then always): a
+    worker that replaces the killed one on its host must not kill itself again."""
+    path = os.environ.get("KILL_ONCE")
+    if not path:
+        return True
+    try:
+        os.close(os.open(path, os.O_CREAT | os.O_EXCL))
+        return True
+    except FileExistsError:
+        return False
+
+
 hvd.init()
 torch.manual_seed(0)
 model = torch.nn.Linear(3, 1)
@@ -45,7 +59,8 @@ state = hvd.elastic.TorchState(model, optimizer, sampler=sampler, epoch=0, steps
 def train(state):
     while state.epoch < EPOCHS:
         for batch_idx, batch in enumerate(loader):
-            if HOST == os.environ.get("KILL_HOST") and at_step("KILL", state.steps):
+            if HOST == os.environ.get("KILL_HOST") and at_step("KILL", state.steps) \
+                    and first_kill():
                 os.kill(os.getpid(), signal.SIGKILL)
             if hvd.rank() == 0 and at_step("GROW", state.steps):
                 open(os.environ["GROW_MARKER"], "w").close()

@@ -10,6 +10,7 @@ Options:
   --steps N           steps to train (default 40)
   --sleep S           seconds per step (default 0.05)
   --kill WID:STEP     the worker with that id kills itself (SIGKILL) at that step (repeatable)
+  --stop WID:STEP     the worker with that id stops itself (SIGSTOP) at that step: frozen
   --raise WID:STEP    the worker with that id raises ValueError at that step (a user error)
   --fail-on-host H    a worker started on host H exits with code 3 before init()
   --timed             also print KILL t= before a kill and RESTORE t= when a survivor's
@@ -35,6 +36,7 @@ p = argparse.ArgumentParser()
 p.add_argument("--steps", type=int, default=40)
 p.add_argument("--sleep", type=float, default=0.05)
 p.add_argument("--kill", action="append", default=[])
+p.add_argument("--stop", default="")
 p.add_argument("--raise", dest="raise_", default="")
 p.add_argument("--fail-on-host", default="")
 p.add_argument("--timed", action="store_true")
@@ -57,7 +59,7 @@ def at(*specs):
     return None
 
 
-kill_at, raise_at = at(*args.kill), at(args.raise_)
+kill_at, raise_at, stop_at = at(*args.kill), at(args.raise_), at(args.stop)
 rounds = 0
 
 
@@ -81,6 +83,9 @@ def train(state):
                 print(f"KILL t={time.time():.4f}", flush=True)
             sys.stdout.flush()
             os.kill(os.getpid(), signal.SIGKILL)
+        if stop_at is not None and state.step == stop_at:
+            sys.stdout.flush()
+            os.kill(os.getpid(), signal.SIGSTOP)  # frozen: alive, its sockets answered
         if raise_at is not None and state.step == raise_at:
             raise ValueError(f"user error on purpose at step {state.step}")
         rank, size = hvd.rank(), hvd.size()

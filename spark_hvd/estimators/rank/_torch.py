@@ -111,15 +111,16 @@ def _import_dynamo():
         pass
 
 
-def select_device(torch, hvd, use_gpu: bool):
+def select_device(torch, hvd, use_gpu: bool, note: bool = True):
     """The rank's device: with ``use_gpu`` and CUDA available, ``cuda:<local_rank % visible
     GPUs>``, which ``spark.run``'s binding makes one of the GPUs Spark gave the task (its own
     when it has one GPU); else the CPU, with one line from rank 0 if ranks given GPUs fell back
     (see :func:`_training.note_cpu_fallback`). Every rank calls it (a collective with
-    ``use_gpu``)."""
+    ``use_gpu``; not with ``note=False``: an elastic fit's newcomer cannot call one)."""
     from spark_hvd.estimators.rank import _training
     on_gpu = use_gpu and torch.cuda.is_available()
-    _training.note_cpu_fallback(hvd, use_gpu, on_gpu, _training.TORCH_NO_CUDA)
+    if note:
+        _training.note_cpu_fallback(hvd, use_gpu, on_gpu, _training.TORCH_NO_CUDA)
     if not on_gpu:
         return torch.device("cpu")
     device = torch.device("cuda", hvd.local_rank() % torch.cuda.device_count())
@@ -128,7 +129,8 @@ def select_device(torch, hvd, use_gpu: bool):
 
 
 def train_on_rank(config, resume):
-    """What each rank runs (through ``spark.run``): train, checkpoint, report; rank 0 returns
+    """What each rank runs (through ``spark.run``, or ``spark.run_elastic`` when
+    ``config["elastic"]``: see ``_fit_elastic``): train, checkpoint, report; rank 0 returns
     the final weights and the history."""
     import threading
 
@@ -141,8 +143,9 @@ def train_on_rank(config, resume):
     preload.start()
     import spark_hvd.torch as hvd
     from spark_hvd.estimators.data._arrays import reshape_batch
-    from spark_hvd.estimators.rank import _training
+    from spark_hvd.estimators.rank import _fit_elastic, _training
 
+    elastic = bool(config.get("elastic"))
     hvd.init()
     preload.join()
     rank, size = hvd.rank(), hvd.size()
@@ -150,13 +153,17 @@ def train_on_rank(config, resume):
     seed = config["random_seed"]
     torch.manual_seed(seed)
     np.random.seed(seed % 2**32)
-    device = select_device(torch, hvd, config["use_gpu"])
+    device = select_device(torch, hvd, config["use_gpu"], note=not elastic)
 
     model = cloudpickle.loads(config["model"]).to(device)
     optimizer = _rebuild_optimizer(config["optimizer"], model)
-    if config["scale_learning_rate"]:
-        for group in optimizer.param_groups:
-            group["lr"] *= size
+    base_lrs = [group["lr"] for group in optimizer.param_groups]
+
+    def scale_learning_rate(ranks):
+        if config["scale_learning_rate"]:
+            for group, lr in zip(optimizer.param_groups, base_lrs):
+                group["lr"] = lr * ranks
+
     store, run_id = config["store"], config["run_id"]
     start_epoch, history = 0, {}
     if resume is not None and rank == 0:
@@ -164,9 +171,11 @@ def train_on_rank(config, resume):
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         start_epoch, history = state["epoch"] + 1, state["history"]
-    start_epoch, history = hvd.broadcast_object((start_epoch, history), root_rank=0)
-    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
-    hvd.broadcast_optimizer_state(optimizer, root_rank=0)
+    scale_learning_rate(size)
+    if not elastic:   # elastic: hvd.elastic.run's first sync does it, newcomers included
+        start_epoch, history = hvd.broadcast_object((start_epoch, history), root_rank=0)
+        hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+        hvd.broadcast_optimizer_state(optimizer, root_rank=0)
 
     compression = config["gradient_compression"] or hvd.Compression.none
     passes = config["backward_passes_per_step"]
@@ -204,56 +213,61 @@ def train_on_rank(config, resume):
             values[prefix + _metric_name(metric)] = float(metric(outputs[0], labels[0]))
         return values
 
-    train_reader, val_reader = _training.make_readers(config, rank, size)
     epochs = config["epochs"]
-    reporter = _training.EpochReporter(rank, epochs, config["verbose"], history, store=store,
-                                       run_id=run_id)
+    view = _fit_elastic.RankView(config, rank, size, history,
+                                 on_place=scale_learning_rate if elastic else None)
     callbacks = config["callbacks"]
     _training.call_hooks(callbacks, "on_train_begin", model=model, optimizer=optimizer)
-    try:
-        for epoch in range(start_epoch, epochs):
-            model.train()
-            steps = train_reader.steps_per_epoch
-            reporter.start(epoch, steps)
-            _training.call_hooks(callbacks, "on_epoch_begin", epoch)
-            sums = _training.MeanAccumulator()
-            for step, batch in enumerate(train_reader.epoch(epoch)):
-                inputs, labels, weights = tensors(batch)
-                if step % passes == 0:
-                    optimizer.zero_grad()
-                outputs, loss = minibatch(model, optimizer, transform_outputs, loss_fn, inputs,
-                                          labels, weights)
-                outputs, labels = transform_outputs(outputs, labels)
-                loss_value = loss.item()
-                with torch.no_grad():
-                    sums.add({"loss": loss_value, **metric_values(outputs, labels)})
-                reporter.step(1, loss_value)
-            if val_reader is not None:
-                model.eval()
-                with torch.no_grad():
-                    for batch in val_reader.epoch(epoch):
-                        inputs, labels, weights = tensors(batch)
-                        outputs, labels = transform_outputs(model(*inputs), labels)
-                        sums.add({"val_loss": float(loss_fn(outputs, labels, weights)),
-                                  **metric_values(outputs, labels, "val_")})
-            averaged = _average_epoch(hvd, sums, steps,
-                                      val_reader.steps_per_epoch if val_reader else 0)
-            rows = steps * config["batch_size"] * size
-            reporter.end(epoch, averaged, rows)
-            _training.call_hooks(callbacks, "on_epoch_end", epoch, dict(averaged))
-            if rank == 0:
-                state = {"epoch": epoch, "model": model.state_dict(),
-                         "optimizer": optimizer.state_dict(), "history": reporter.history}
-                buffer = bytes_io(b"")
-                torch.save(state, buffer)
-                _training.save_checkpoint(store, run_id, epoch, buffer.getvalue(), "pt")
-    finally:
-        reporter.close()
-        train_reader.close()
+
+    def train_epoch(epoch):
+        train_reader, val_reader, reporter = view.train, view.val, view.reporter
+        model.train()
+        steps = train_reader.steps_per_epoch
+        reporter.start(epoch, steps)
+        _training.call_hooks(callbacks, "on_epoch_begin", epoch)
+        sums = _training.MeanAccumulator()
+        for step, batch in enumerate(train_reader.epoch(epoch)):
+            inputs, labels, weights = tensors(batch)
+            if step % passes == 0:
+                optimizer.zero_grad()
+            outputs, loss = minibatch(model, optimizer, transform_outputs, loss_fn, inputs,
+                                      labels, weights)
+            outputs, labels = transform_outputs(outputs, labels)
+            loss_value = loss.item()
+            with torch.no_grad():
+                sums.add({"loss": loss_value, **metric_values(outputs, labels)})
+            reporter.step(1, loss_value)
         if val_reader is not None:
-            val_reader.close()
+            model.eval()
+            with torch.no_grad():
+                for batch in val_reader.epoch(epoch):
+                    inputs, labels, weights = tensors(batch)
+                    outputs, labels = transform_outputs(model(*inputs), labels)
+                    sums.add({"val_loss": float(loss_fn(outputs, labels, weights)),
+                              **metric_values(outputs, labels, "val_")})
+        averaged = _average_epoch(hvd, sums, steps,
+                                  val_reader.steps_per_epoch if val_reader else 0)
+        rows = steps * config["batch_size"] * view.size
+        reporter.end(epoch, averaged, rows)
+        _training.call_hooks(callbacks, "on_epoch_end", epoch, dict(averaged))
+        if view.rank == 0:
+            state = {"epoch": epoch, "model": model.state_dict(),
+                     "optimizer": optimizer.state_dict(), "history": reporter.history}
+            buffer = bytes_io(b"")
+            torch.save(state, buffer)
+            _training.save_checkpoint(store, run_id, epoch, buffer.getvalue(), "pt")
+
+    try:
+        if elastic:
+            _fit_elastic.train_epochs(hvd, model, optimizer, view, start_epoch, epochs,
+                                      train_epoch)
+        else:
+            for epoch in range(start_epoch, epochs):
+                train_epoch(epoch)
+    finally:
+        view.close()
     _training.call_hooks(callbacks, "on_train_end")
-    if rank != 0:
+    if hvd.rank() != 0:
         return None
     buffer = bytes_io(b"")
     torch.save({k: v.detach().cpu() for k, v in model.state_dict().items()}, buffer)
@@ -261,7 +275,7 @@ def train_on_rank(config, resume):
     optimizer_buffer = bytes_io(b"")
     torch.save(optimizer.state_dict(), optimizer_buffer)
     return {"model_state": buffer.getvalue(), "optimizer_state": optimizer_buffer.getvalue(),
-            "history": reporter.history}
+            "history": view.reporter.history}
 
 
 def _average_epoch(hvd, sums, train_steps, val_steps):

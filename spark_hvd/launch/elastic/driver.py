@@ -5,7 +5,8 @@
 
 Events (:meth:`ElasticDriver.post`): ``discovered`` / ``discovery_failed`` (the discovery
 thread), ``exited`` (the spawner), ``hello`` / ``disconnected`` (the workers' listener
-connections), ``joined`` / ``done`` / ``error`` (the workers' puts), ``signal``. The driver is the
+connections), ``joined`` / ``done`` / ``error`` (the workers' puts), ``signal``, ``fail`` (whoever runs the
+driver gives up on the job). The driver is the
 single authority: it forms each round once every expected worker joined (no barrier a lost
 worker could break: a loss only shrinks what is expected), assigns ranks (``planner``), decides
 on failures (``policy``), blacklists hosts (``hosts``), counts resets, and holds every timeout:
@@ -13,15 +14,18 @@ on failures (``policy``), blacklists hosts (``hosts``), counts resets, and holds
 - a process that exits without a ``done`` or ``error`` report, or whose listener connection
   closes or times out (a silent host, after the peer timeout): lost at once, the other members
   get an ``abort`` notice (their core fails the current op with its cause);
-- a member that has not rejoined ``join_grace`` after a reset began gets ``abort``; after the
-  elastic timeout it is declared frozen: stopped, its host blacklisted;
+- a member that has not rejoined ``join_grace`` after a reset began gets ``abort``; one that
+  has not rejoined ``rejoin_timeout`` after it began (a live process fails its op at the abort
+  and rejoins at once: this one is frozen, stopped with SIGSTOP, or hung in a call that never
+  returns) is stopped and its host blacklisted, and the round forms without it;
 - a new worker not joined within the start timeout: stopped, its host blacklisted;
 - fewer than ``min_np`` processes available: wait for discovery until the elastic timeout;
 - resets beyond ``reset_limit``, a user exception, all state lost: ERRORED, naming the cause.
 
-Spawning is pluggable (:class:`Spawner`: processes here, Spark slot jobs later) and so is the
-channel to the workers (:class:`Channel`: the rendezvous store). The clock is injectable, and
-:meth:`handle` / :meth:`tick` can be driven directly, so tests run every path without processes.
+Spawning is pluggable (:class:`Spawner`: processes, or Spark slot tasks in ``spark/_elastic``)
+and so is the channel to the workers (:class:`Channel`: the rendezvous store). The clock is
+injectable, and :meth:`handle` / :meth:`tick` can be driven directly, so tests run every path
+without processes.
 """
 
 from __future__ import annotations
@@ -48,6 +52,8 @@ TRANSITIONS = {
     ERRORED: set(),
 }
 DEFAULT_JOIN_GRACE_SECONDS = 10.0
+# A member that has not rejoined this long after a reset began is frozen (see above).
+DEFAULT_REJOIN_TIMEOUT_SECONDS = 60.0
 # A listener connection that closed while its process lives on is a loss after this long.
 _CLOSED_GRACE_SECONDS = 2.0
 
@@ -64,7 +70,8 @@ class WorkerSpec:
 
 class Spawner:
     """Starts and stops workers; reports each exit as ``driver.post(("exited", wid, code,
-    how))`` (``how``: "exit", "signal", or "ssh" for a remote connection failure)."""
+    how))`` (``how``: "exit", "signal", "ssh" for a remote connection failure, or the
+    spawner's own words for a lost host, such as a Spark executor that went away)."""
 
     def spawn(self, spec: WorkerSpec) -> None:
         raise NotImplementedError()
@@ -79,6 +86,31 @@ class Channel:
 
     def put(self, key: str, value: dict) -> None:
         raise NotImplementedError()
+
+
+class StoreChannel(Channel):
+    """The channel as the rendezvous store's ``scope`` (``server``: the store, in this
+    process), values as JSON."""
+
+    def __init__(self, server, scope):
+        self.server, self.scope = server, scope
+
+    def put(self, key, value):
+        self.server.put(self.scope, key, proto.encode(value))
+
+
+def worker_event(key: str, value: bytes) -> tuple | None:
+    """The driver's event for a worker's put under ``key`` in the elastic scope (``joined``,
+    ``done``, ``error``); None for any other key or a value that is not JSON."""
+    parsed = proto.parse_key(key)
+    if parsed is None:
+        return None
+    kind, wid, seq = parsed
+    try:
+        payload = proto.decode(value)
+    except ValueError:
+        return None
+    return ("joined", wid, seq, payload) if kind == "join" else (kind, wid, payload)
 
 
 class Worker:
@@ -132,8 +164,9 @@ class ElasticDriver:
     def __init__(self, host_manager, spawner: Spawner, channel: Channel, *, num_proc: int,
                  min_np: int, max_np: int | None, policy: _policy.FailurePolicy,
                  elastic_timeout: float, start_timeout: float,
-                 join_grace: float = DEFAULT_JOIN_GRACE_SECONDS, clock=time.monotonic,
-                 wall=time.time, log=None):
+                 join_grace: float = DEFAULT_JOIN_GRACE_SECONDS,
+                 rejoin_timeout: float = DEFAULT_REJOIN_TIMEOUT_SECONDS, clock=time.monotonic,
+                 wall=time.time, log=None, on_reset=None):
         self.hosts = host_manager
         self.spawner = spawner
         self.channel = channel
@@ -143,10 +176,14 @@ class ElasticDriver:
         self.policy = policy
         self.elastic_timeout = float(elastic_timeout)
         self.start_timeout = float(start_timeout)
-        self.join_grace = float(join_grace)
+        # The abort goes out before a member can be declared frozen.
+        self.rejoin_timeout = min(float(rejoin_timeout), float(elastic_timeout))
+        self.join_grace = min(float(join_grace), self.rejoin_timeout / 2)
         self.clock = clock
         self.wall = wall
         self._log = log or (lambda message, level="INFO": None)
+        # Called as on_reset(resets, cause, size, seconds) when a reset's round has formed.
+        self._on_reset = on_reset
         self.events: queue.Queue = queue.Queue()
         self.state = STARTING
         self.workers: dict[str, Worker] = {}
@@ -214,6 +251,10 @@ class ElasticDriver:
                 self._answer_late(event[1], event[2])
             return
         handler(*event[1:])
+
+    def _on_fail(self, why):
+        """Whoever runs the driver ends the job (a Spark run whose tasks never started)."""
+        self._fail(why)
 
     def _on_signal(self, signum):
         name = signal.Signals(signum).name
@@ -367,6 +408,8 @@ class ElasticDriver:
         if how == "ssh":
             failure = Failure(_policy.HOST_LOST, w.host, f"{w.describe()}: ssh to {w.host} "
                               f"failed ({exit_text})")
+        elif how not in ("exit", "signal"):   # the spawner's words for a lost host
+            failure = Failure(_policy.HOST_LOST, w.host, f"{w.describe()}: {how}")
         elif code == 0:
             failure = Failure(_policy.PROCESS_LOST, w.host, f"{w.describe()} exited with code 0 "
                               "without finishing (no done report)")
@@ -603,6 +646,8 @@ class ElasticDriver:
             self._log(f"reset {self.resets} (round {plan.round}): {cause}; "
                       f"{plan.size} rank(s) now: {layout}; re-formed in {took:.1f} s"
                       f"{'' if plan.sync else ' (no sync: same commit everywhere)'}", "WARNING")
+            if self._on_reset is not None:
+                self._on_reset(self.resets, cause, plan.size, took)
         else:
             self._log(f"round {plan.round}: {plan.size} rank(s): {layout}", "INFO")
         self._reset_started_at = None
@@ -667,11 +712,12 @@ class ElasticDriver:
                     w.aborted_round = self.round
                     self._notify(w, {"kind": proto.NOTICE_ABORT, "round": self.round,
                                      "why": f"spark_hvd elastic reset: {self._reset_cause}"})
-                if now - started >= self.elastic_timeout:
+                if now - started >= self.rejoin_timeout:
                     self._stop(w)
                     self._lose(w, Failure(_policy.HOST_FROZEN, w.host, f"{w.describe()} did "
-                                          f"not rejoin within {self.elastic_timeout:g} s "
-                                          "(--elastic-timeout): frozen or hung"))
+                                          f"not rejoin within {self.rejoin_timeout:g} s of the "
+                                          "reset (SPARK_HVD_ELASTIC_REJOIN_SECONDS), its abort "
+                                          "unanswered: frozen or hung"))
                     if self.state != RESETTING:
                         return
         self._tick_newcomers(now)

@@ -11,6 +11,8 @@ failure              decision
 ``internal``         RESET without blacklisting: the process ended on a ``HorovodInternalError``
                      outside ``hvd.elastic.run`` (it only suffered another rank's loss)
 ``process_lost``     RESET, blacklisting its host: it exited without a report, or was killed
+                     (``process_lost_blacklists=False``: not the host; on Spark the executor
+                     of a killed process lives on and runs the next worker)
 ``host_lost``        RESET, blacklisting the host: silent for the peer timeout, or ssh exit 255
 ``host_frozen``      RESET, blacklisting the host: it did not rejoin within the elastic timeout
 ``start_failed``     RESET, blacklisting the host: a new worker did not join within the start
@@ -56,20 +58,23 @@ class Decision:
 class FailurePolicy:
     """The decision table (see the module's docstring)."""
 
-    def __init__(self, on_user_error="raise", reset_limit=None, min_np=1, elastic_timeout=600.0):
+    def __init__(self, on_user_error="raise", reset_limit=None, min_np=1, elastic_timeout=600.0,
+                 process_lost_blacklists=True):
         if on_user_error not in ("raise", "blacklist"):
             raise ValueError(f"on_user_error={on_user_error!r}: use 'raise' or 'blacklist'")
         self.on_user_error = on_user_error
         self.reset_limit = reset_limit
         self.min_np = max(1, int(min_np or 1))
         self.elastic_timeout = float(elastic_timeout)
+        self.process_lost_blacklists = process_lost_blacklists
 
     def decide(self, failure: Failure) -> Decision:
         if failure.kind not in KINDS:
             raise ValueError(f"unknown failure kind {failure.kind!r}")
         if failure.kind == USER_ERROR and self.on_user_error == "raise":
             return Decision(RAISE, f"{FAILED_MESSAGE}: {failure.why}")
-        if failure.kind == INTERNAL:
+        if failure.kind == INTERNAL or (failure.kind == PROCESS_LOST
+                                        and not self.process_lost_blacklists):
             return Decision(RESET, failure.why)
         return Decision(RESET, failure.why, blacklist=(failure.host,))
 
