@@ -138,7 +138,7 @@ def _build_tensorflow(core: Path, src_dir: Path, build_root: Path, debug: bool, 
         compiler() + BASE_FLAGS + (DEBUG_FLAGS if debug else RELEASE_FLAGS) + HIDDEN_FLAGS
         + [f"-I{src_dir}", "-shared"] + env_flags("CXXFLAGS") + [str(s) for s in sources]
         + [f"-L{output.parent}", f"-l:{LIB_NAME}", "-Wl,-rpath,$ORIGIN",
-           f"-L{stub.parent}", f"-l:{TF_FRAMEWORK_SONAME}", "-Wl,--no-undefined",
+           f"-L{stub.parent}", f"-l:{TF_FRAMEWORK_SONAME}", "-ldl", "-Wl,--no-undefined",
            f"-Wl,--version-script={exports_map(src_dir)}"] + private_archives()
         + (STRIP_FLAGS if strip_libraries() else []) + env_flags("LDFLAGS")
     )

@@ -2,7 +2,6 @@
 eagerly and inside tf.function, grouped forms, scaling, compression, IndexedSlices, gradients
 of every op, and every error path in both modes (tests/workers/tf_collectives.py)."""
 
-import json
 import os
 import subprocess
 import sys
@@ -24,6 +23,26 @@ def test_tf_collectives_without_graph_op(job):
     """The tf.numpy_function fallback (no op library, or SPARK_HVD_TF_OPS=0) passes the same
     matrix; the worker checks which op its traced allreduces use."""
     job(2, "tf_collectives", timeout=160, env=dict(TF_ENV, SPARK_HVD_TF_OPS="0")).assert_ok(2)
+
+
+@pytest.mark.timeout(170)
+def test_tf_collectives_with_synchronous_kernels(job):
+    """The op library's kernels completed before they return (SPARK_HVD_TF_SYNC_KERNELS=1: what
+    it falls back to where TensorFlow's done callbacks cannot be kept past the call, see
+    native/tensorflow/collective_ops.cc) pass the same matrix, errors included."""
+    job(2, "tf_collectives", timeout=160,
+        env=dict(TF_ENV, SPARK_HVD_TF_SYNC_KERNELS="1")).assert_ok(2)
+
+
+@pytest.mark.timeout(120)
+def test_tf_synchronous_kernels_report_a_session_deadlock(job):
+    """What the synchronous kernels cannot do: a tf.compat.v1 graph of independent collectives
+    that the ranks' executors start in different orders, on one inter-op thread, blocks each
+    rank on a collective the other has not started. The core's deadlock check ends it with an
+    error naming both ranks' collectives (the asynchronous kernels run it: test_tf_collectives).
+    """
+    job(2, "tf_collectives", "--session-deadlock", timeout=110,
+        env=dict(TF_ENV, SPARK_HVD_TF_SYNC_KERNELS="1")).assert_ok(2)
 
 
 def test_tf_graph_op_library_is_built():

@@ -11,6 +11,10 @@
 // classes, so one binary serves every TensorFlow from 2.16 on, and talks to the core only
 // through the core's C ABI (spark_hvd.h), so the core stays framework free. The ops and kernels
 // register themselves when tf.load_op_library loads the library (static constructors below).
+#include <dlfcn.h>
+#include <link.h>
+#include <strings.h>
+
 #include <condition_variable>
 #include <cstdint>
 #include <cstdio>
@@ -80,20 +84,122 @@ void* data_of(const TF_Tensor* t) {
   return p ? p : empty_tensor_data;
 }
 
-// The done callback of an asynchronous kernel, kept past compute_async_func. TensorFlow's C
-// API hands the kernel a pointer to ComputeAsync's by-value std::function parameter
-// (tensorflow/c/kernels.cc, CAsyncOpKernel), which dies when that call returns, and offers no
-// way to copy it: run later through that pointer, it crashed (2 ranks, every tf.function).
-// So the callback is moved out byte for byte: libstdc++'s std::function (TensorFlow's Linux
-// runtime) is 32 bytes, its functor stored in place only when trivially copyable, and its
-// destructor calls the manager (the pointer at byte 16) unless that is null; a byte copy plus a
-// null manager in the original is a move. This leans on libstdc++'s std::function layout,
-// which every library built with it shares and which has not changed since GCC 4.
+// -- completing a kernel after compute_async_func returned -----------------------------------
+//
+// TensorFlow's C API hands an asynchronous kernel `done` as a pointer to the by-value
+// std::function<void()> parameter of CAsyncOpKernel::ComputeAsync (tensorflow/c/kernels.cc),
+// which dies when compute_async_func returns, and offers no call to copy or move it: the C API
+// only supports running it before returning. Run later through that pointer, it crashed (2
+// ranks, every tf.function). A kernel that waits for the other ranks before it returns blocks
+// one of the executor's threads per collective, which hangs a graph run by a Session that holds
+// more independent collectives than the inter-op pool has threads (see Waiter).
+//
+// So the callback is moved out, as libstdc++'s move constructor does it: std::function<void()>
+// is 32 bytes, the functor's storage (16 bytes, holding the functor in place only when it is
+// trivially copyable, else a pointer to it), the manager (byte 16) and the invoker (byte 24);
+// the move copies the 32 bytes and clears the source's manager and invoker, after which the
+// source's destructor does nothing. That layout is libstdc++'s ABI (unchanged since GCC 4.x,
+// and what every C++ op built against TensorFlow's headers relies on too), and
+// TF_RunAsyncOpKernelDoneCallback in TensorFlow 2.16 and 2.21 is exactly "manager at 16 set?
+// then jump to the invoker at 24". It is used only when checked:
+//  - once: the library that defines TF_RunAsyncOpKernelDoneCallback needs libstdc++.so.6 and
+//    no libc++ (so its std::function is libstdc++'s);
+//  - per call: the manager and the invoker both point into one loaded library (dladdr).
+// Otherwise, or with SPARK_HVD_TF_SYNC_KERNELS=1, the kernel waits for its ops before it
+// returns and runs `done` then, as the C API supports, after one log line saying so.
+
+// The names a loaded library needs (DT_NEEDED), read from its dynamic section in memory.
+std::vector<std::string> needed_libraries(const void* address_in_library) {
+  std::vector<std::string> names;
+  Dl_info info{};
+  void* handle = nullptr;
+  if (dladdr(address_in_library, &info) == 0 || info.dli_fname == nullptr) return names;
+  handle = dlopen(info.dli_fname, RTLD_LAZY | RTLD_NOLOAD);
+  if (handle == nullptr) return names;
+  struct link_map* map = nullptr;
+  if (dlinfo(handle, RTLD_DI_LINKMAP, &map) == 0 && map != nullptr && map->l_ld != nullptr) {
+    const char* strtab = nullptr;
+    for (const ElfW(Dyn)* d = map->l_ld; d->d_tag != DT_NULL; ++d) {
+      if (d->d_tag == DT_STRTAB) {
+        // glibc has relocated the entry in place; add the load address where it has not.
+        ElfW(Addr) a = d->d_un.d_ptr;
+        strtab = reinterpret_cast<const char*>(a < map->l_addr ? a + map->l_addr : a);
+      }
+    }
+    for (const ElfW(Dyn)* d = map->l_ld; strtab != nullptr && d->d_tag != DT_NULL; ++d)
+      if (d->d_tag == DT_NEEDED) names.emplace_back(strtab + d->d_un.d_val);
+  }
+  dlclose(handle);
+  return names;
+}
+
+// A line in the core's format at `level` (2 INFO, 3 WARNING), shown as the core's are
+// (SPARK_HVD_LOG_LEVEL, default WARNING).
+void log_line(int level, const std::string& msg) {
+  static const char* const names[] = {"TRACE", "DEBUG", "INFO", "WARNING", "ERROR", "FATAL"};
+  int threshold = 3;
+  const char* value = std::getenv("SPARK_HVD_LOG_LEVEL");
+  if (value == nullptr || *value == '\0') value = std::getenv("HOROVOD_LOG_LEVEL");
+  for (int i = 0; value != nullptr && i < 6; ++i)
+    if (strcasecmp(value, names[i]) == 0) threshold = i;
+  if (level >= threshold) std::fprintf(stderr, "spark_hvd %s: %s\n", names[level], msg.c_str());
+}
+
+// Whether `done` callbacks may be moved out (checked once: see above).
+bool deferral_allowed() {
+  static const bool allowed = [] {
+    const char* sync = std::getenv("SPARK_HVD_TF_SYNC_KERNELS");
+    if (sync != nullptr && *sync != '\0' && std::strcmp(sync, "0") != 0) {
+      log_line(2, "SPARK_HVD_TF_SYNC_KERNELS is set: the TensorFlow op library completes its "
+               "collectives before its kernels return");
+      return false;
+    }
+    bool libstdcxx = false, libcxx = false;
+    for (const std::string& n :
+         needed_libraries(reinterpret_cast<const void*>(&TF_RunAsyncOpKernelDoneCallback))) {
+      libstdcxx = libstdcxx || n.rfind("libstdc++.so", 0) == 0;
+      libcxx = libcxx || n.rfind("libc++.so", 0) == 0;
+    }
+    if (libstdcxx && !libcxx) {
+      log_line(1, "TensorFlow's C API library needs libstdc++: the TensorFlow op library's "
+                  "kernels complete after they return");
+      return true;
+    }
+    log_line(3, "TensorFlow's C API library is not built with libstdc++: the TensorFlow op library "
+             "completes its collectives before its kernels return (a graph with more independent "
+             "collectives than inter-op threads may then wait on itself)");
+    return false;
+  }();
+  return allowed;
+}
+
+// The per-call check: a libstdc++ std::function's manager and invoker, both in one library.
+bool looks_like_a_function(const TF_AsyncOpKernelDoneCallback* done) {
+  void* code[2];
+  std::memcpy(code, reinterpret_cast<const char*>(done) + 16, sizeof(code));
+  Dl_info manager{}, invoker{};
+  if (code[0] == nullptr || code[1] == nullptr || dladdr(code[0], &manager) == 0
+      || dladdr(code[1], &invoker) == 0 || manager.dli_fbase == nullptr
+      || manager.dli_fbase != invoker.dli_fbase)
+    return false;
+  return true;
+}
+
+// A `done` callback moved out of TensorFlow's parameter (see above); runs and destroys it.
 class DeferredDone {
  public:
-  explicit DeferredDone(TF_AsyncOpKernelDoneCallback* done) {
-    std::memcpy(bytes_, done, sizeof(bytes_));
-    std::memset(reinterpret_cast<char*>(done) + kManagerOffset, 0, sizeof(void*));
+  // Null when `done` may not be moved: the caller then completes the kernel before returning.
+  static std::shared_ptr<DeferredDone> take(TF_AsyncOpKernelDoneCallback* done) {
+    if (!deferral_allowed()) return nullptr;
+    if (!looks_like_a_function(done)) {
+      static std::once_flag logged;
+      std::call_once(logged, [] {
+        log_line(3, "a TensorFlow done callback is not laid out as libstdc++'s std::function: the "
+                 "TensorFlow op library completes such kernels before they return");
+      });
+      return nullptr;
+    }
+    return std::shared_ptr<DeferredDone>(new DeferredDone(done));
   }
   DeferredDone(const DeferredDone&) = delete;
   DeferredDone& operator=(const DeferredDone&) = delete;
@@ -107,6 +213,11 @@ class DeferredDone {
   }
 
  private:
+  explicit DeferredDone(TF_AsyncOpKernelDoneCallback* done) {
+    std::memcpy(bytes_, done, sizeof(bytes_));
+    std::memset(reinterpret_cast<char*>(done) + kManagerOffset, 0, 2 * sizeof(void*));
+  }
+
   // libstdc++: _Any_data (16 bytes), _M_manager, _M_invoker; __destroy_functor is 3.
   using Manager = bool (*)(void*, const void*, int);
   static constexpr size_t kManagerOffset = 16;
@@ -307,7 +418,15 @@ void allreduce_compute(void* kernel, TF_OpKernelContext* ctx,
     auto [code, msg] = core_error(/*negotiated=*/false);
     return fail(ctx, done, code, msg);
   }
-  auto later = std::make_shared<DeferredDone>(done);
+  auto later = DeferredDone::take(done);
+  if (later == nullptr) {  // completed before returning (see DeferredDone)
+    if (shvd_wait_release(handles.data(), n) != 0) {
+      auto [code, msg] = core_error(/*negotiated=*/true);
+      Status status(code, msg);
+      TF_OpKernelContext_Failure(ctx, status.s);
+    }
+    return TF_RunAsyncOpKernelDoneCallback(done);
+  }
   Waiter::instance().add(std::move(handles), /*release=*/true,
                          [ctx, later](bool ok, TF_Code code, const std::string& msg) {
                            if (!ok) {
@@ -347,7 +466,12 @@ void wait_compute(void*, TF_OpKernelContext* ctx, TF_AsyncOpKernelDoneCallback* 
     std::memcpy(handles.data(), TF_TensorData(ids), handles.size() * sizeof(int64_t));
   TF_DeleteTensor(ids);
   if (handles.empty()) return TF_RunAsyncOpKernelDoneCallback(done);
-  auto later = std::make_shared<DeferredDone>(done);
+  auto later = DeferredDone::take(done);
+  if (later == nullptr) {  // completed before returning (see DeferredDone)
+    while (shvd_wait_for(handles.data(), int32_t(handles.size()), 1000) == 1) {
+    }
+    return TF_RunAsyncOpKernelDoneCallback(done);
+  }
   Waiter::instance().add(std::move(handles), /*release=*/false,
                          [later](bool, TF_Code, const std::string&) { later->run(); });
 }

@@ -2,7 +2,7 @@
 // tf_datatype.h) that the op library uses, declared here so that it builds without TensorFlow
 // installed (`pip wheel .` in an isolated environment, the wheel's build machine). These are
 // C functions that TensorFlow keeps stable across releases, which is what lets one binary serve
-// TensorFlow 2.16 and later; tests/test_wheel_units.py compiles this file after TensorFlow's own
+// TensorFlow 2.16 and later; tests/test_tf_c_api.py compiles this file after TensorFlow's own
 // headers, so a declaration or a value that differs from theirs fails to compile.
 //
 // The types are opaque; the enums hold only the values the library uses. The status and data
