@@ -20,6 +20,10 @@
 #include <string>
 #include <type_traits>
 
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <cpuid.h>
+#endif
+
 namespace shvd {
 namespace {
 
@@ -171,7 +175,6 @@ struct AndOp {
 
 SHVD_VECTOR_LOOPS(base, )
 #if defined(__x86_64__) && defined(__GNUC__)
-#include <cpuid.h>
 #define SHVD_X86_VECTOR_LEVELS 1
 SHVD_VECTOR_LOOPS(avx2, __attribute__((target("avx2"))))
 SHVD_VECTOR_LOOPS(avx512, __attribute__((target("avx512f"))))
