@@ -67,25 +67,27 @@ class build_py(_build_py):
         try:
             core = native_build.build(debug=debug, **dirs)
             bdir = dirs.get("build_dir")
+            built = [core]
             for framework in native_build.FRAMEWORK_LIBRARIES:
                 if core is not None:  # torch's skipped (with a note) when it is not importable
-                    native_build.build_framework_library(framework, core, debug=debug,
-                                                         build_dir=bdir)
+                    built += native_build.build_framework_library(framework, core, debug=debug,
+                                                                  build_dir=bdir)
             if core is not None:  # skipped (with a note) where no MPI has headers
-                native_build.build_mpi_plugin(core, debug=debug, build_dir=bdir)
+                built += native_build.build_mpi_plugin(core, debug=debug, build_dir=bdir)
         except native_build.BuildError as e:
             raise SystemExit(f"[build] ERROR: {e}")
         super().run()
         if zig and core is not None:
-            # The wheel carries the libraries zig built, not the in-tree (g++) ones.
+            # The wheel carries the libraries zig built in this run (not those an earlier run
+            # left in build/wheel/, nor the in-tree g++ ones) and their build_info.json (what
+            # --check-build reports).
             dest = os.path.join(self.build_lib, "spark_hvd", "_core")
             for name in os.listdir(dest):
-                if name.endswith(".so"):
+                if name.endswith(".so") or name == native_build.core.BUILD_INFO:
                     os.remove(os.path.join(dest, name))
-            for name in os.listdir(os.path.dirname(core)):
-                if name.endswith(".so"):
-                    self.copy_file(os.path.join(os.path.dirname(core), name),
-                                   os.path.join(dest, name))
+            info = os.path.join(os.path.dirname(core), native_build.core.BUILD_INFO)
+            for path in built + [info]:
+                self.copy_file(str(path), os.path.join(dest, os.path.basename(path)))
 
 
 class BinaryDistribution(Distribution):
