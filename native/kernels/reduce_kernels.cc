@@ -125,6 +125,18 @@ struct AndOp {
   uint8_t operator()(uint8_t a, uint8_t b) const { return uint8_t((a != 0) & (b != 0)); }
 };
 
+// sum_scaled_twice's outputs may each be exactly one of its inputs, element for element: no
+// element is read after another index's write, so its loops are vectorized as they stand
+// (restrict would be wrong there; g++ and clang otherwise add overlap checks at run time, which
+// clang gives up on for four pointers and runs the loop scalar: 3-7x slower).
+#if defined(__clang__)
+#define SHVD_NO_OVERLAP_CHECKS _Pragma("clang loop vectorize(assume_safety)")
+#elif defined(__GNUC__)
+#define SHVD_NO_OVERLAP_CHECKS _Pragma("GCC ivdep")
+#else
+#define SHVD_NO_OVERLAP_CHECKS
+#endif
+
 // The vectorized loops, one copy per instruction set (namespaces base, avx2, avx512), each
 // compiled with TARGET before its return type.
 #define SHVD_VECTOR_LOOPS(NS, TARGET)                                                          \
@@ -158,12 +170,14 @@ struct AndOp {
   template <class T, class S>                                                                  \
   TARGET void sum_scaled_twice(T* dst, T* dst2, const T* a, const T* b, size_t n, S factor) {  \
     if (factor == 1) {                                                                         \
+      SHVD_NO_OVERLAP_CHECKS                                                                   \
       for (size_t i = 0; i < n; ++i) {                                                         \
         const T v = a[i] + b[i];                                                               \
         dst[i] = v;                                                                            \
         dst2[i] = v;                                                                           \
       }                                                                                        \
     } else {                                                                                   \
+      SHVD_NO_OVERLAP_CHECKS                                                                   \
       for (size_t i = 0; i < n; ++i) {                                                         \
         const T v = static_cast<T>(static_cast<S>(a[i] + b[i]) * factor);                      \
         dst[i] = v;                                                                            \
