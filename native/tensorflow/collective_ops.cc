@@ -15,6 +15,7 @@
 #include <link.h>
 #include <strings.h>
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <cstdio>
@@ -192,11 +193,10 @@ class DeferredDone {
   static std::shared_ptr<DeferredDone> take(TF_AsyncOpKernelDoneCallback* done) {
     if (!deferral_allowed()) return nullptr;
     if (!looks_like_a_function(done)) {
-      static std::once_flag logged;
-      std::call_once(logged, [] {
+      static std::atomic<bool> logged{false};
+      if (!logged.exchange(true))
         log_line(3, "a TensorFlow done callback is not laid out as libstdc++'s std::function: the "
                  "TensorFlow op library completes such kernels before they return");
-      });
       return nullptr;
     }
     return std::shared_ptr<DeferredDone>(new DeferredDone(done));
