@@ -6,7 +6,8 @@ NP      ?= 2
 PYTEST  := $(PY) -m pytest tests -v --timeout=600 -p no:cacheprovider --durations=30
 PYTEST_ARGS ?=
 
-.PHONY: all setup build build-debug wheel demo test test-fast test-slow test-gpu bench clean distclean
+.PHONY: all setup build build-debug wheel demo docs docs-serve test test-fast test-slow test-gpu bench \
+        clean distclean
 
 all: build
 
@@ -37,6 +38,20 @@ wheel: setup
 demo: build
 	$(PY) examples/spark/torch_estimator_mnist.py --num-proc $(NP)
 
+# The documentation site (docs/: Sphinx, MyST, furo) into docs/_build/html, strictly: a warning
+# (a broken link or reference, a page outside the table of contents, a docstring that does not
+# render, a public function without one) fails it. tests/test_docs_site.py builds it the same way.
+DOCS_OUT  ?= docs/_build/html
+DOCS_PORT ?= 8000
+SPHINX    := $(PY) -m sphinx -b html -W --keep-going -n -q
+docs: build
+	$(SPHINX) docs $(DOCS_OUT)
+	@echo "docs: $(CURDIR)/$(DOCS_OUT)/index.html"
+
+# Build, then serve the site on http://localhost:$(DOCS_PORT)/ (Ctrl-C stops it).
+docs-serve: docs
+	$(PY) -m http.server --bind 127.0.0.1 --directory $(DOCS_OUT) $(DOCS_PORT)
+
 # Every test, slow ones included.
 test: build
 	$(PYTEST) $(PYTEST_ARGS)
@@ -56,16 +71,18 @@ test-gpu:
 	$(GPU_PYTHON) build.py --no-tensorflow
 	PYTHONPATH=$(CURDIR) $(GPU_PYTHON) -m pytest tests/gpu -v -p no:cacheprovider $(PYTEST_ARGS)
 
-# Each benchmarks/*.py script is self-contained (launches its own workers when it needs them).
+# Each benchmarks/*.py script is self-contained (launches its own workers when it needs them);
+# benchmarks/plots.py draws the figures from benchmarks/results/ and is not a benchmark.
 bench: build
 	@set -e; for f in benchmarks/*.py; do \
 	  [ -e "$$f" ] || { echo "no benchmarks yet"; break; }; \
+	  [ "$$f" != benchmarks/plots.py ] || continue; \
 	  echo "== $$f"; $(PY) "$$f"; \
 	done
 
 clean:
 	@if [ -x $(PY) ]; then $(PY) build.py --clean; else python3 build.py --clean; fi
-	rm -rf build dist *.egg-info
+	rm -rf build dist *.egg-info docs/_build docs/_generated docs/api
 	find . -path ./$(VENV) -prune -o -name __pycache__ -type d -exec rm -rf {} +
 
 distclean: clean

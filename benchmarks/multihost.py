@@ -4,6 +4,7 @@
     .venv/bin/python benchmarks/multihost.py              # 3 rounds, 15-20 minutes (2 loaded cores)
     .venv/bin/python benchmarks/multihost.py --quick      # a smoke run, 1-2 minutes
     .venv/bin/python benchmarks/multihost.py --rate 1gbit --sizes 16MiB,64MiB --systems hier,flat
+    .venv/bin/python benchmarks/multihost.py --train-only --systems hier,gloo --baseline DIR
 
 Needs root and iproute2 (it builds the multi-host bed of tests/multihost/bed.py: two network
 namespaces "h0" and "h1" with their own addresses and hostnames on a bridge, sshd in each), and
@@ -23,7 +24,13 @@ repetitions with all ranks meeting at the system's barrier before each op; rank 
 code is benchmarks/_helpers/allreduce_worker.py's), then the data-parallel training step of
 benchmarks/scaling.py's "mlp" (784-1024-1024-1024-10, 11.6 MB of gradients, batch 128 per rank,
 one torch thread): spark_hvd's DistributedOptimizer, DDP for gloo, and for MPI one Allreduce of
-all gradients packed into one buffer (the fusion Horovod does), samples/s over all ranks.
+all gradients packed into one buffer (the fusion Horovod does), samples/s over all ranks. Per
+step it also shows rank 0's forward + backward, wait and update times, the CPU time of its
+process (and per thread in --json), and the tail: from the moment the last rank has computed its
+last gradient to the moment the last rank has them averaged, i.e. the communication backward
+did not hide (all ranks share one CLOCK_MONOTONIC on the bed). --train-only skips the
+allreduce sizes and times 10 x 5 steps per job; --baseline DIR adds the system "base": the
+spark_hvd checkout in DIR (built), hierarchical, for before/after side by side.
 
 The systems run one at a time, --rounds times in rotated order; tables show the median over
 rounds. Bus bandwidth = bytes / time * 2(n-1)/n (n = 4). "% of link": bus bandwidth against the
@@ -57,17 +64,20 @@ from machine import host_description, loadavg, source_version  # noqa: E402
 from printing import KiB, MiB, fmt_bw, fmt_size, log, parse_size, table  # noqa: E402
 
 NP, HOSTS = 4, 2
-SYSTEMS = ("hier", "flat", "mpi", "gloo")
-LABEL = {"hier": "hier", "flat": "flat", "mpi": "Open MPI", "gloo": "gloo"}
+SYSTEMS = ("hier", "flat", "mpi", "gloo", "base")
+LABEL = {"hier": "hier", "flat": "flat", "mpi": "Open MPI", "gloo": "gloo", "base": "baseline"}
 WHAT = {"hier": "spark_hvd, HOROVOD_HIERARCHICAL_ALLREDUCE=1",
         "flat": "spark_hvd, HOROVOD_HIERARCHICAL_ALLREDUCE=0 (flat ring)",
-        "mpi": "mpirun, btl tcp + vader, yield when idle", "gloo": "torch.distributed"}
+        "mpi": "mpirun, btl tcp + vader, yield when idle", "gloo": "torch.distributed",
+        "base": "the --baseline checkout, HOROVOD_HIERARCHICAL_ALLREDUCE=1"}
+SPARK_HVD = ("hier", "flat", "base")
 DEFAULT_SIZES = [MiB, 4 * MiB, 16 * MiB, 64 * MiB, 256 * MiB]
 QUICK_SIZES = [MiB, 16 * MiB]
 
 # Targets (issue 23, item 8), ratios of bus bandwidth in the same run, at sizes >= 16 MiB.
 TARGET_BIG_BYTES = 16 * MiB
 TARGETS = (("flat", 1.3), ("mpi", 1.0), ("gloo", 2.0))
+TARGET_TRAIN_VS_GLOO = 1.0  # issue 30: the mlp's training step, samples/s
 
 
 # ---------------------------------------------------------------------------------------------
@@ -75,7 +85,7 @@ TARGETS = (("flat", 1.3), ("mpi", 1.0), ("gloo", 2.0))
 
 def make_system(args):
     import allreduce_worker as aw
-    if args.worker in ("hier", "flat"):
+    if args.worker in SPARK_HVD:
         return aw.SparkHvd(args)
     if args.worker == "mpi":
         return aw.Mpi(args)
@@ -116,7 +126,7 @@ def train_stepper(system, kind):
     model, shape, batch = build("mlp")
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     reduce_grads = None
-    if kind in ("hier", "flat"):
+    if kind in SPARK_HVD:
         import spark_hvd.torch as hvd
         hvd.init()
         opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters())
@@ -142,14 +152,37 @@ def train_stepper(system, kind):
                 p.grad.copy_(v)
     g = torch.Generator().manual_seed(system.rank)
     x, y = torch.randn(shape, generator=g), torch.randint(0, 10, (batch,), generator=g)
+    clock, cpu = time.perf_counter, time.process_time
+    # When the step's last gradient was computed (DDP waits for its allreduces later, inside
+    # backward): a hook on every parameter, after the system's own hooks.
+    grads_done = [0.0]
+
+    def note_gradient(_):
+        grads_done[0] = clock()
+    for p in model.parameters():
+        p.register_post_accumulate_grad_hook(note_gradient)
+    # per step: forward + backward, the wait for the gradients, the update, and the CPU time of
+    # the whole process (every thread: the engine's, gloo's), all in seconds
+    phases = []
 
     def step():
+        c0, t0 = cpu(), clock()
         opt.zero_grad()
-        F.cross_entropy(model(x), y).backward()
+        F.cross_entropy(model(x), y).backward()  # DDP waits for its allreduces in here
+        t1 = clock()
         if reduce_grads:
             reduce_grads()
-        opt.step()
-    return step, batch
+        elif kind in SPARK_HVD:
+            opt.synchronize()
+        t2 = clock()
+        if kind in SPARK_HVD:
+            with opt.skip_synchronize():
+                opt.step()
+        else:
+            opt.step()
+        t3 = clock()
+        phases.append((t1 - t0, t2 - t1, t3 - t2, cpu() - c0, t0, grads_done[0], t1, t2, t3))
+    return step, batch, phases
 
 
 def host_bytes_sent():
@@ -161,12 +194,29 @@ def host_bytes_sent():
         return None
 
 
+def thread_cpu():
+    """{thread id: (name, CPU ms so far)} for this process's threads (Linux /proc)."""
+    out, tick = {}, 1e3 / os.sysconf("SC_CLK_TCK")
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        name = stat[stat.index("(") + 1:stat.rindex(")")]
+        fields = stat[stat.rindex(")") + 2:].split()
+        out[tid] = (name, (int(fields[11]) + int(fields[12])) * tick)  # utime + stime
+    return out
+
+
 def time_training(system, kind, train):
     import allreduce_worker as aw
-    step, batch = train_stepper(system, kind)
+    step, batch, phases = train_stepper(system, kind)
     for _ in range(train["warmup"]):
         step()
+    del phases[:]
     rates = []
+    threads0 = thread_cpu()
     for _ in range(train["reps"]):
         system.barrier()
         t0 = time.perf_counter()
@@ -174,8 +224,18 @@ def time_training(system, kind, train):
             step()
         system.barrier()
         rates.append(system.size * batch * train["steps"] / (time.perf_counter() - t0))
+    steps, threads1 = train["reps"] * train["steps"], thread_cpu()
+    threads = {}  # CPU ms per step by thread name (the engine's, gloo's, the training thread)
+    for tid, (name, t) in threads1.items():
+        threads[name] = threads.get(name, 0) + (t - threads0.get(tid, (name, 0))[1]) / steps
     aw.emit(kind="train", system=kind, rank=system.rank, samples_per_s=statistics.median(rates),
-            reps=rates, steps=train["steps"], batch=batch)
+            threads_cpu_ms={k: round(v, 2) for k, v in threads.items() if v >= 0.05},
+            reps=rates, steps=train["steps"], batch=batch,
+            phases_ms=[statistics.median(p[i] for p in phases) * 1e3 for i in range(4)],
+            # every timed step's start, last gradient computed, end of backward, end of the
+            # wait and end (perf_counter: CLOCK_MONOTONIC, one clock for the bed's hosts, so
+            # ranks can be lined up)
+            times=[p[4:] for p in phases])
 
 
 def worker(args):
@@ -186,7 +246,7 @@ def worker(args):
         system = make_system(args)
         rank = system.rank
         meta = system.meta()
-        if args.worker in ("hier", "flat"):
+        if args.worker in SPARK_HVD:
             meta["hierarchical"] = hierarchical_status()
             meta["HOROVOD_HIERARCHICAL_ALLREDUCE"] = os.environ.get(
                 "HOROVOD_HIERARCHICAL_ALLREDUCE")
@@ -231,8 +291,14 @@ def commands(system, bed, access, plan_json, args):
     """(list of argv, env, reason to skip or None) for one job of ``system`` on ``bed``."""
     h0, h1 = bed.hosts
     me = [sys.executable, os.path.abspath(__file__), "--worker", system, "--plan", plan_json]
-    if system in ("hier", "flat"):
-        env = job_env({"HOROVOD_HIERARCHICAL_ALLREDUCE": "1" if system == "hier" else "0"})
+    if system in SPARK_HVD:
+        env = job_env({"HOROVOD_HIERARCHICAL_ALLREDUCE": "0" if system == "flat" else "1"})
+        if system == "base":
+            # Another checkout of spark_hvd (its package and built core), e.g. the commit
+            # before a change, run by this script's worker: before/after in one run.
+            if not args.baseline:
+                return None, None, "no --baseline checkout given"
+            env["PYTHONPATH"] = os.path.abspath(args.baseline) + os.pathsep + REPO
         return [[sys.executable, "-m", "spark_hvd.runner", "-np", str(NP), "-H",
                  f"{h0.addr}:2,{h1.addr}:2", "-i", access.identity_file] + me], env, None
     if system == "mpi":
@@ -318,6 +384,7 @@ def one_job(system, bed, access, plan, args):
     log(f"[{system}] starting (load {loadavg()})")
     load0, t0 = loadavg(), time.monotonic()
     records, tail, error = run_job(cmds, env, args.timeout)
+    times = {}  # rank -> the training steps' clock readings
     out = {"meta": {}, "hosts": {}, "sizes": {}, "wire": {}, "train": None, "errors": [],
            "load": [load0, loadavg()], "wall_s": time.monotonic() - t0}
     for rec in records:
@@ -336,11 +403,19 @@ def one_job(system, bed, access, plan, args):
                     f"{fmt_bw(busbw(rec['bytes'], rec['median_s']))} GB/s ({rec['n']} reps)")
         elif kind == "wire":
             out["wire"][rec["bytes"]] = rec["sent"] / (rec["ops"] * rec["bytes"])
-        elif kind == "train" and rank == 0:
-            out["train"] = rec
-            log(f"[{system}] mlp step: {rec['samples_per_s']:.0f} samples/s")
+        elif kind == "train":
+            times[rank] = rec.pop("times", None)
+            if rank == 0:
+                out["train"] = rec
+                log(f"[{system}] mlp step: {rec['samples_per_s']:.0f} samples/s")
         elif kind == "error":
             out["errors"].append(f"rank {rank}: {rec.get('error')}")
+    if out["train"] and len(times) == NP and all(times.values()):
+        # Per step, from the moment the last rank had all its gradients to the moment the last
+        # rank had them averaged: the communication that backward did not hide.
+        tails = [max(times[r][k][3] for r in times) - max(times[r][k][1] for r in times)
+                 for k in range(min(len(t) for t in times.values()))]
+        out["train"]["tail_ms"] = statistics.median(tails) * 1e3
     # Ranks must sit two per host, host-major, or the job measured something else.
     expected = {r: bed.hosts[r // 2].hostname for r in range(NP)}
     if len(out["hosts"]) == NP and out["hosts"] != expected:
@@ -391,10 +466,15 @@ def summarize(runs):
             else:
                 sizes[nbytes] = statistics.median(t[0]["median_s"] for t in tables if 0 in t)
         trains = [j["train"]["samples_per_s"] for j in jobs if j.get("train")]
+        phases = [j["train"]["phases_ms"] + [j["train"].get("tail_ms", float("nan"))]
+                  for j in jobs if j.get("train", {}) and j["train"].get("phases_ms")]
         wire = {n: statistics.median(j["wire"][n] for j in jobs if n in j["wire"])
                 for n in sizes if any(n in j["wire"] for j in jobs)}
         out[system] = {"sizes": sizes, "wire": wire,
                        "train": statistics.median(trains) if trains else None,
+                       "train_rounds": trains,
+                       "phases": [statistics.median(p[i] for p in phases) for i in range(5)]
+                       if phases else None,
                        "rounds": len(jobs), "errors": [e for j in jobs for e in j["errors"]]}
     return out
 
@@ -439,13 +519,13 @@ def report(stats, runs, plan, args, started):
         meta = next((j["meta"] for j in runs[s] if j.get("meta")), {})
         extra = f", hierarchical: {meta['hierarchical']}" if s == "hier" and \
             "hierarchical" in meta else ""
-        if s in ("hier", "flat") and meta.get("core"):
+        if s in SPARK_HVD and meta.get("core"):
             extra += f", core {meta['core']}"
         out.append(f"  {LABEL[s]}: {WHAT[s]}, {meta.get('version', '?')}{extra}" +
                    (f"  [FAILED: {'; '.join(st['errors'])}]" if st["errors"] else ""))
     out.append("")
     headers = ["size"] + [f"{LABEL[s]} GB/s" for s in systems]
-    ratio_of = [o for o in ("flat", "mpi", "gloo") if o in systems and "hier" in systems]
+    ratio_of = [o for o in ("flat", "mpi", "gloo", "base") if o in systems and "hier" in systems]
     headers += [f"hier/{LABEL[o]}" for o in ratio_of]
     headers += [f"{LABEL[s]} % link" for s in systems]
     rows = []
@@ -479,13 +559,26 @@ def report(stats, runs, plan, args, started):
         out += ["", f"Training step, scaling.py's mlp (batch 128 per rank, {tr['reps']} x "
                     f"{tr['steps']} steps per job): samples/s over all 4 ranks", ""]
         trains = {s: stats[s].get("train") for s in systems}
+
+        def phase_cells(s):
+            ph = stats[s].get("phases")
+            return [f"{v:.1f}" for v in ph] if ph else ["-"] * 5
         rows = [[LABEL[s], f"{v:.0f}" if v else cell(stats, s)[1] if stats[s].get("skipped")
                  else "FAIL", f"{NP * 128 / v * 1e3:.0f}" if v else "-",
-                 f"{trains['hier'] / v:.2f}x" if v and trains.get("hier") else "-"]
+                 f"{trains['hier'] / v:.2f}x" if v and trains.get("hier") else "-",
+                 *phase_cells(s),
+                 ", ".join(f"{r:.0f}" for r in stats[s].get("train_rounds") or [])]
                 for s, v in trains.items()]
-        out.append(table(["system", "samples/s", "step ms", "hier/this"], rows,
-                         ["l", "r", "r", "r"]))
-    out += ["", f"Targets (issue 23): hier's bus bandwidth at >= {fmt_size(TARGET_BIG_BYTES)}:"]
+        out.append(table(["system", "samples/s", "step ms", "hier/this", "fwd+bwd ms",
+                          "wait ms", "update ms", "CPU ms", "tail ms", "per round"], rows,
+                         ["l", "r", "r", "r", "r", "r", "r", "r", "r", "l"]))
+        out.append("(rank 0's medians per step: forward and backward, where DDP also waits "
+                   "for its allreduces; then the wait for the gradients; then the update; the "
+                   "CPU time of all the process's threads. Tail: from the last rank's last "
+                   "gradient computed to the last rank's gradients averaged, the communication "
+                   "backward did not hide)")
+    out += ["", f"Targets (issue 23): hier's bus bandwidth at >= {fmt_size(TARGET_BIG_BYTES)}; "
+                "(issue 30) the training step:"]
     verdicts = []
     for nbytes, _, _ in plan["sizes"]:
         if nbytes < TARGET_BIG_BYTES:
@@ -503,6 +596,14 @@ def report(stats, runs, plan, args, started):
             verdicts.append(word)
             out.append(f"  {word}  {fmt_size(nbytes):>7} hier >= {target:g}x {LABEL[other]}: "
                        f"{text}")
+    trains = {s: stats[s].get("train") for s in systems}
+    if trains.get("hier") and trains.get("gloo"):
+        # Issue 30: the training step at least as fast as DDP over gloo.
+        ratio = trains["hier"] / trains["gloo"]
+        word = "PASS" if ratio >= TARGET_TRAIN_VS_GLOO else "FAIL"
+        verdicts.append(word)
+        out.append(f"  {word}  training step hier >= {TARGET_TRAIN_VS_GLOO:g}x gloo (DDP): "
+                   f"{ratio:.2f}x ({trains['hier']:.0f} vs {trains['gloo']:.0f} samples/s)")
     out.append(f"  => {verdicts.count('PASS')} PASS, {verdicts.count('FAIL')} FAIL, "
                f"{verdicts.count('SKIP')} SKIP")
     return "\n".join(out), verdicts
@@ -512,15 +613,15 @@ def report(stats, runs, plan, args, started):
 
 def build_plan(args):
     sizes = []
-    for nbytes in args.sizes:
+    for nbytes in [] if args.train_only else args.sizes:
         # 60 reps at 1 MiB falling with sqrt(size) to 5 at 256 MiB (about 1 s each at 2 Gbit/s).
         reps = args.reps or max(5, round(60 * (MiB / nbytes) ** 0.45))
         if args.quick:
             reps = args.reps or 3
         sizes.append([nbytes, 1 if args.quick else 2, reps])
     train = None if args.no_train else (
-        {"warmup": 1, "reps": 1, "steps": 2} if args.quick else {"warmup": 3, "reps": 5,
-                                                                 "steps": 5})
+        {"warmup": 1, "reps": 1, "steps": 2} if args.quick else
+        {"warmup": 3, "reps": 10 if args.train_only else 5, "steps": 5})
     return {"sizes": sizes, "train": train}
 
 
@@ -535,9 +636,14 @@ def main(argv=None):
     p.add_argument("--reps", type=int, default=0, help="repetitions at every size")
     p.add_argument("--sizes", default=None,
                    help="comma-separated sizes (default 1MiB,4MiB,16MiB,64MiB,256MiB)")
-    p.add_argument("--systems", default=",".join(SYSTEMS),
+    p.add_argument("--systems", default="hier,flat,mpi,gloo",
                    help="comma-separated subset of " + ",".join(SYSTEMS))
+    p.add_argument("--baseline", metavar="DIR",
+                   help="also run the spark_hvd checkout in DIR (built) as system 'base' "
+                        "(hierarchical), e.g. the commit before a change")
     p.add_argument("--no-train", action="store_true", help="skip the training step")
+    p.add_argument("--train-only", action="store_true",
+                   help="only the training step (no allreduce sizes), 10 x 5 steps per job")
     p.add_argument("--mpirun-arg", dest="mpirun_args", action="append", default=[],
                    help="extra mpirun argument (repeatable), e.g. --mpirun-arg=--mca ...")
     p.add_argument("--timeout", type=float, default=0,
@@ -561,6 +667,8 @@ def main(argv=None):
     args.timeout = args.timeout or (120 if args.quick else 400)
     link_ceiling(args.rate)  # a bad --rate fails here, before the bed is made
     systems = [s for s in args.systems.split(",") if s]
+    if args.baseline and "base" not in systems:
+        systems.append("base")
     if not systems or set(systems) - set(SYSTEMS):
         p.error(f"--systems: choose from {','.join(SYSTEMS)}")
     from bed import Bed, unavailable_reason

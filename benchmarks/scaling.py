@@ -15,7 +15,7 @@ scaling), SGD with momentum:
 
 Jobs, one at a time:
   hvd x1        spark-hvd-run -np 1, DistributedOptimizer (no hooks at size 1, as Horovod)
-  hvd x1 hooks  the same with SPARK_HVD_ELASTIC=1: hooks and allreduces run at size 1 too
+  hvd x1 hooks  the same as an elastic job (--min-np 1): hooks and allreduces run at size 1 too
   hvd x2        spark-hvd-run -np 2, DistributedOptimizer
   ddp x1, x2    torch DistributedDataParallel over gloo (127.0.0.1), 1 and 2 processes
 
@@ -358,9 +358,10 @@ def commands(config, args):
     if config.startswith("keras"):
         return [launcher() + ["-np", str(n)] + me + ["--worker", "keras"]], env
     if config.startswith("hvd"):
-        if config == "hvd1hooks":
-            env["SPARK_HVD_ELASTIC"] = "1"
-        return [launcher() + ["-np", str(n)] + me + ["--worker", "hvd"]], env
+        # An elastic job of one (the launcher makes it one with --min-np): the optimizer keeps
+        # its hooks and allreduces at size 1, as Horovod's does in elastic jobs.
+        elastic = ["--min-np", "1"] if config == "hvd1hooks" else []
+        return [launcher() + ["-np", str(n), *elastic] + me + ["--worker", "hvd"]], env
     port = free_port()
     env["GLOO_SOCKET_IFNAME"] = "lo"
     return [me + ["--worker", "ddp", "--rank", str(r), "--size", str(n), "--port", str(port)]

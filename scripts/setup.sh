@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Prepare a machine for building and testing spark_hvd. Idempotent and non-interactive (CI runs it
 # as root with no stdin). Steps:
-#   1. OpenMPI (mpirun, mpicc, headers), g++ and a Java 17 runtime (for PySpark) from apt when
-#      missing.
-#   2. .venv with the pinned requirements + `pip install -e .`; skipped when .venv/.setup-stamp
+#   1. OpenMPI (mpirun, mpicc, headers), g++, a Java 17 runtime (for PySpark) and Chromium (the
+#      documentation's browser test) from apt when missing.
+#   2. .venv with the pinned requirements (requirements.txt, requirements-docs.txt) +
+#      `pip install -e .`; skipped when .venv/.setup-stamp
 #      matches the hash of requirements*.txt, pyproject.toml, setup.py and this script.
 #   3. Always: the incremental native build (python build.py: the core, the TensorFlow op
 #      library against the venv's TensorFlow and the torch allocator library against its torch),
@@ -91,6 +92,14 @@ if [ "${SPARK_HVD_SKIP_APT:-0}" != "1" ]; then
       log "could not install iproute2/openssh-server: the multi-host tests will be skipped"
     fi
   fi
+  # The documentation's browser test (tests/test_docs_site.py): Debian's Chromium and its
+  # WebDriver, driven headless by selenium.
+  if ! command -v chromium >/dev/null 2>&1 || ! command -v chromedriver >/dev/null 2>&1; then
+    log "installing chromium and chromium-driver for the documentation's browser test"
+    as_root apt-get update -q
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
+      chromium chromium-driver
+  fi
 fi
 
 # 2. Python environment ------------------------------------------------------------------------
@@ -110,6 +119,7 @@ if [ "$want_stamp" != "$have_stamp" ] || ! "$PY" -c 'import importlib.metadata a
   if [ -f requirements-dev.txt ]; then
     "$PY" -m pip install -q -r requirements-dev.txt
   fi
+  "$PY" -m pip install -q -r requirements-docs.txt
   # Editable install (puts the source tree on sys.path, installs spark-hvd-run). The native
   # build runs in step 3 instead, so that a compile error there does not undo the environment.
   SPARK_HVD_SKIP_NATIVE_BUILD=1 "$PY" -m pip install -q --no-build-isolation -e .

@@ -11,7 +11,7 @@ import json
 
 import pytest
 
-from conftest import run_job
+from conftest import load_timeline, run_job
 
 HEADER = ["hierarchical_allreduce", "hierarchical_allgather", "torus_allreduce",
           "cache_enabled", "cycle_time_ms", "tensor_fusion_threshold", "score"]
@@ -75,6 +75,56 @@ def test_samples_logged_and_ranks_switch_together(tmp_path, transport, np_, spel
     # (the log prints MiB to 6 decimals: equal to within a KiB)
     assert any(abs(f - fusion_bytes) < 1024 and c == cycle_ms and k == cache
                for f, c, k, *_ in record["settings"]), (best, record)
+
+
+@pytest.mark.timeout(60)
+def test_settings_changes_marked_in_the_timeline(tmp_path):
+    """Rank 0's timeline has a row "autotune" with an instant event at each change of
+    settings, naming them; the last one is the setting kept (tuning=0)."""
+    log, timeline = tmp_path / "autotune.csv", tmp_path / "timeline.json"
+    r = run_job(2, "autotune", STEPS, transport="shm",
+                env={"SPARK_HVD_TIMELINE": str(timeline)},
+                launcher_args=["--autotune", "--autotune-log-file", log,
+                               "--autotune-warmup-samples", "1", "--autotune-steps-per-sample",
+                               "3", "--autotune-bayes-opt-max-samples", SAMPLES], timeout=50)
+    check_job(r, 2)
+    marks = [name for ph, name in load_timeline(timeline)["autotune"] if ph == "i"]
+    assert 1 <= len(marks) <= SAMPLES, marks
+    assert all(m.startswith("AUTOTUNE fusion_threshold=") for m in marks), marks
+    best = read_log(log)[-1]
+    assert f"cycle_time_ms={best[4]:.3f}" in marks[-1] and marks[-1].endswith("tuning=0"), \
+        (marks, best)
+
+
+@pytest.mark.timeout(60)
+def test_switches_without_a_hierarchy_not_tuned(tmp_path):
+    """Two hosts of one rank each: nothing to do within hosts, so the hierarchical switches are
+    not tuned (they stay the dispatcher's choice in every sample); the other settings are."""
+    log = tmp_path / "autotune.csv"
+    r = run_job(2, "autotune", STEPS, transport="hosts",
+                launcher_args=["--autotune", "--autotune-log-file", log,
+                               "--autotune-warmup-samples", "1", "--autotune-steps-per-sample",
+                               "3", "--autotune-bayes-opt-max-samples", SAMPLES], timeout=50)
+    check_job(r, 2)
+    rows = read_log(log)
+    assert len(rows) == SAMPLES + 1, rows
+    assert {(row[0], row[1]) for row in rows} == {(-1.0, -1.0)}, rows
+    assert len({tuple(row[3:6]) for row in rows[:-1]}) >= SAMPLES - 1, rows
+
+
+@pytest.mark.timeout(60)
+def test_rank0_hierarchical_settings_apply_to_every_rank():
+    """Without autotuning, rank 2 alone is told not to use hierarchical allreduce while the
+    others are told to: every rank runs rank 0's setting at every step (the worker compares
+    them across ranks and checks every sum), and that is no new generation of settings."""
+    r = run_job(4, "autotune", 8, transport="hosts",
+                env={"SPARK_HVD_HIERARCHICAL_ALLREDUCE": "1",
+                     "ENV_OF_RANK_2": "SPARK_HVD_HIERARCHICAL_ALLREDUCE=0 "
+                                      "SPARK_HVD_HIERARCHICAL_ALLGATHER=1"}, timeout=50)
+    check_job(r, 4)
+    record = record_of(r)
+    assert record["generations"] == 0, record
+    assert [s[3:5] for s in record["settings"]] == [[1, -1]], record
 
 
 @pytest.mark.timeout(60)

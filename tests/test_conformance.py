@@ -194,7 +194,7 @@ def test_runner_single_process_mode(tmp_path):
 
 
 # Horovod's elastic torch integration tests: what passes with the default policy, and why the
-# rest does not (the README's "Horovod's test suite").
+# rest does not (docs/migrating.md, "Horovod's test suite").
 ELASTIC_TORCH_PASSING = {"test_hosts_added_and_removed", "test_reset_limit",
                          "test_all_ranks_failure"}
 # Skipped by the file itself (Horovod issues 2030 and 2908).

@@ -75,6 +75,7 @@ def test_settings(tmp_path, mode):
     if mode == "on":
         assert (small, large, fused, gather) == ("HIERARCHICAL_ALLREDUCE",) * 3 + (
             "HIERARCHICAL_ALLGATHER",), paths
+        assert paths["allgather.gather_big"] == "HIERARCHICAL_ALLGATHER", paths
     elif mode == "off":
         assert not set(paths.values()) & set(HIERARCHICAL), paths
         assert large == "RING_ALLREDUCE" and gather == "RING_ALLGATHER", paths
@@ -99,3 +100,52 @@ def test_uneven_hosts(tmp_path, hosts):
     assert paths["allreduce.sum_4194305"] == "HIERARCHICAL_ALLREDUCE", paths
     assert paths["allreduce.sum_3"] == "RECURSIVE_DOUBLING_ALLREDUCE", paths
     assert paths["allgather.gather"] == "HIERARCHICAL_ALLGATHER", paths
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("hosts,arena_ranks", [
+    ("127.0.0.1:2,127.0.0.2:2", None),       # every host in place
+    ("127.0.0.1:2,127.0.0.2:2", "0,1,2"),    # host 2 has a rank in ordinary memory: it packs
+    ("127.0.0.1:3,127.0.0.2:1", None),       # one lane; ranks 1, 2 only share; host 2 alone
+])
+def test_within_hosts_in_shared_arenas(tmp_path, hosts, arena_ranks):
+    """Arrays in the core's shared arenas on 2 hosts: every dtype and op, fused and alone, in
+    place and not, 4 KiB chunks; the hosts whose ranks all have them there reduce and share
+    within the host in place (every rank of such a host counts in-place allreduces), a host
+    with a rank in ordinary memory (or a host of one) packs them and pipes them, and the
+    results are the same exact, bitwise equal ones either way (the same bytes cross between
+    hosts)."""
+    np_ = sum(int(h.rsplit(":", 1)[1]) for h in hosts.split(","))
+    timeline = tmp_path / "timeline.json"
+    env = {"SPARK_HVD_SHM_CHUNK_BYTES": 4096, "SPARK_HVD_TIMELINE": timeline}
+    if arena_ranks:
+        env["ARENA_RANKS"] = arena_ranks
+    r = run_job(np_, "shared_arenas", "--mode", "numpy", hosts=hosts, env=env, timeout=220)
+    r.assert_ok(np_)
+    paths = {_path(seq) for t, seq in _begun(timeline).items() if t.startswith("allreduce.")}
+    assert "HIERARCHICAL_ALLREDUCE" in paths, paths
+    in_place = [int(r.field(rank, "inplace")) > 0 for rank in range(np_)]
+    host_of = [i for i, h in enumerate(hosts.split(",")) for _ in range(int(h.split(":")[1]))]
+    for rank in range(np_):
+        host_ranks = [q for q in range(np_) if host_of[q] == host_of[rank]]
+        expect = len(host_ranks) > 1 and (
+            arena_ranks is None or all(str(q) in arena_ranks.split(",") for q in host_ranks))
+        assert in_place[rank] == expect, (rank, in_place, r.describe())
+
+
+@pytest.mark.timeout(200)
+def test_gradients_in_shared_arenas_across_hosts(tmp_path):
+    """DistributedOptimizer on 2 hosts x 2 ranks: its gradients (in the arenas) are reduced in
+    place within each host, and the trained weights are bitwise equal on every rank and to the
+    same job with SPARK_HVD_SHARED_GRADIENTS=0 (gradients packed and piped)."""
+    runs = {}
+    for shared in ("1", "0"):
+        r = run_job(4, "shared_arenas", "--mode", "torch", transport="hosts",
+                    env={"SPARK_HVD_SHARED_GRADIENTS": shared,
+                         "SPARK_HVD_HIERARCHICAL_ALLREDUCE": "1"}, timeout=90)
+        r.assert_ok(4)
+        runs[shared] = r
+    for rank in range(4):
+        assert int(runs["1"].field(rank, "inplace")) > 0, runs["1"].describe()
+        assert int(runs["0"].field(rank, "inplace")) == 0, runs["0"].describe()
+        assert runs["1"].field(rank, "weights") == runs["0"].field(rank, "weights")

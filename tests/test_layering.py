@@ -154,7 +154,7 @@ def test_a_rank_loads_neither_pyspark_nor_the_driver_side():
 
 
 def test_public_paths_of_the_estimators():
-    """The public import paths (API.md, the README, examples/) and the aliases of moved
+    """The public import paths (API.md, the docs, examples/) and the aliases of moved
     modules: ``loader`` is ``data._loader`` itself; stages saved before the move name
     ``_keras_remote``."""
     code = ("import spark_hvd.estimators as e, spark_hvd.estimators.loader as loader\n"

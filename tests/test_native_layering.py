@@ -1,5 +1,5 @@
 """The native core's folders form layers: a file includes headers of its own folder and of the
-folders below it, never of one above or beside it (README, Architecture). The framework
+folders below it, never of one above or beside it (docs/architecture.md). The framework
 libraries (native/tensorflow, native/torch) see the C ABI only. A layer that starts to depend
 on a higher one (the algorithms on the controller's messages, MPI on the algorithms, the GPU path
 on the engine) fails here, naming the file and the include.

@@ -33,24 +33,17 @@ uint8_t* SharedMemoryGroup::peer_arena(const Communicator& comm, int member, int
   return a.base;
 }
 
-// Member r reduces elements [count * r / n, count * (r + 1) / n) of the response, reading every
-// member's inputs where they lie and writing the result into every member's outputs. Nobody else
-// reads or writes those elements of any member's tensors, so the only waits are the agreement
-// (every member's inputs are complete and its table is published) and the end (every member's
-// outputs are complete before anyone returns them to the framework).
-bool SharedMemoryGroup::allreduce_in_arenas(const Communicator& comm,
-                                            const std::vector<TensorSpan>& segments,
-                                            DataType dtype, ReduceOp op, double scale) {
+bool SharedMemoryGroup::map_members_arenas(const Communicator& comm,
+                                           const std::vector<TensorSpan>& segments,
+                                           size_t esize,
+                                           std::vector<std::vector<TensorSpan>>* views) {
   const int n = members_, me = comm.rank;
-  const size_t esize = dtype_size(dtype);
-  const SegmentedBuffer data(segments, esize);
-  if (data.bytes() == 0) return false;
   Control* ctl = control();
   Counter* mine = ctl[me].seq;
   uint64_t* my_table = table(me);
   uint64_t* my_directory = arena_directory(me);
 
-  // 1. Agree: am I all in arenas? My table and directory are written before I say so.
+  // Am I all in arenas? My table and directory are written before I say so.
   bool in_arenas = segments.size() <= kMaxSingleCopySegments;
   for (size_t i = 0; in_arenas && i < segments.size(); ++i) {
     const size_t bytes = segments[i].count * esize;
@@ -79,20 +72,44 @@ bool SharedMemoryGroup::allreduce_in_arenas(const Communicator& comm,
     all = (ctl[m].seq[kArenaCheck].value.load(std::memory_order_acquire) & 1) != 0;
   if (!all) return false;
 
-  // 2. Every member's tensors, as this process sees them.
+  // Every member's tensors, as this process sees them.
   constexpr uint64_t kOffsetBits = (uint64_t(1) << 48) - 1;
-  std::vector<std::vector<TensorSpan>> views(size_t(n), segments);
+  views->assign(size_t(n), segments);
   for (int m = 0; m < n; ++m) {
     if (m == me) continue;
     const uint64_t* t = table(m);
     for (size_t i = 0; i < segments.size(); ++i) {
-      views[m][i].in = peer_arena(comm, m, int(t[2 * i] >> 48)) + (t[2 * i] & kOffsetBits);
-      views[m][i].out =
+      (*views)[m][i].in = peer_arena(comm, m, int(t[2 * i] >> 48)) + (t[2 * i] & kOffsetBits);
+      (*views)[m][i].out =
           peer_arena(comm, m, int(t[2 * i + 1] >> 48)) + (t[2 * i + 1] & kOffsetBits);
     }
   }
+  return true;
+}
 
-  // 3. My share, in cache-sized pieces, members in order as on the other paths (bitwise equal
+void SharedMemoryGroup::release_members_arenas(const Communicator& comm) {
+  // Nobody hands its tensors back while another member may still write into them.
+  control()[comm.rank].seq[kArenaDone].value.store(arena_checks_, std::memory_order_release);
+  wait_all(comm, kArenaDone, arena_checks_);
+  shared_arena_count_inplace();
+}
+
+// Member r reduces elements [count * r / n, count * (r + 1) / n) of the response, reading every
+// member's inputs where they lie and writing the result into every member's outputs. Nobody else
+// reads or writes those elements of any member's tensors, so the only waits are the agreement
+// (every member's inputs are complete and its table is published) and the end (every member's
+// outputs are complete before anyone returns them to the framework).
+bool SharedMemoryGroup::allreduce_in_arenas(const Communicator& comm,
+                                            const std::vector<TensorSpan>& segments,
+                                            DataType dtype, ReduceOp op, double scale) {
+  const int n = members_, me = comm.rank;
+  const size_t esize = dtype_size(dtype);
+  const SegmentedBuffer data(segments, esize);
+  if (data.bytes() == 0) return false;
+  std::vector<std::vector<TensorSpan>> views;
+  if (!map_members_arenas(comm, segments, esize, &views)) return false;
+
+  // My share, in cache-sized pieces, members in order as on the other paths (bitwise equal
   // results). With more than two members partial sums go to a private buffer.
   const size_t count = data.bytes() / esize;
   const size_t lo = count * size_t(me) / n, hi = count * size_t(me + 1) / n;
@@ -115,11 +132,7 @@ bool SharedMemoryGroup::allreduce_in_arenas(const Communicator& comm,
         if (m != me) std::memcpy(out(m), out(me), bytes);
     });
   }
-
-  // 4. Nobody hands its tensors back while another member may still write into them.
-  mine[kArenaDone].value.store(check, std::memory_order_release);
-  wait_all(comm, kArenaDone, check);
-  shared_arena_count_inplace();
+  release_members_arenas(comm);
   return true;
 }
 

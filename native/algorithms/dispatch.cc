@@ -70,6 +70,12 @@ bool latency_bound(const CollectiveCase& c) {
 bool hierarchical_allreduce(const CollectiveCase& c) {
   return c.comm->hierarchy && c.hierarchical != 0 && (c.hierarchical == 1 || !latency_bound(c));
 }
+// Every tensor where it lies (no prescale, nobody joined: as on one host), reduced in place in
+// the hosts' shared arenas where a host's members have them there.
+bool hierarchical_allreduce_tensors(const CollectiveCase& c) {
+  return hierarchical_allreduce(c) && c.complete && !c.prescaled &&
+         c.reduce_op != ReduceOp::kAdasum;
+}
 // Allgather also needs each host's members consecutive in the set.
 bool hierarchical_allgather(const CollectiveCase& c) {
   return c.comm->hierarchy && c.comm->hierarchy->hosts_contiguous && c.hierarchical != 0;
@@ -137,8 +143,13 @@ bool run_hierarchical_allreduce(const CollectiveCall& k) {
                          k.ring_threshold_bytes, k.scratch, k.step);
   return true;
 }
+bool run_hierarchical_allreduce_tensors(const CollectiveCall& k) {
+  allreduce_hierarchical_tensors(k.comm, k.tensors, k.dtype, k.reduce_op, k.postscale,
+                                 k.ring_threshold_bytes, k.scratch, k.step);
+  return true;
+}
 bool run_hierarchical_allgather(const CollectiveCall& k) {
-  allgather_hierarchical(k.comm, k.tensors[0].out, k.blocks, k.step);
+  allgather_hierarchical(k.comm, k.tensors[0].out, k.blocks, k.scratch, k.step);
   return true;
 }
 
@@ -219,7 +230,11 @@ constexpr Algorithm kAlgorithms[] = {
      run_shm_single_copy},
     {OpType::kAllreduce, "SHM_SMALL_ALLREDUCE", small_buffer, Staging::kBuffer, run_shm_small},
     {OpType::kAllreduce, "SHM_ALLREDUCE", on_one_host, Staging::kBuffer, run_shm_slots},
-    // Several hosts (hierarchical.h).
+    // Several hosts (hierarchical.h): tensors where they lie (in place where a host's members
+    // have them in shared arenas; each host decides for itself, the same bytes cross either
+    // way), else packed.
+    {OpType::kAllreduce, "HIERARCHICAL_ALLREDUCE", hierarchical_allreduce_tensors,
+     Staging::kTensors, run_hierarchical_allreduce_tensors},
     {OpType::kAllreduce, "HIERARCHICAL_ALLREDUCE", hierarchical_allreduce, Staging::kBuffer,
      run_hierarchical_allreduce},
     {OpType::kAllreduce, "RECURSIVE_DOUBLING_ALLREDUCE", latency_bound, Staging::kBuffer,

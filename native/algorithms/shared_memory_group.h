@@ -69,6 +69,15 @@ class SharedMemoryGroup {
   // (arenas_worth_checking).
   bool allreduce_in_arenas(const Communicator& comm, const std::vector<TensorSpan>& tensors,
                            DataType dtype, ReduceOp op, double scale);
+  // The arena path's agreement and end, for collectives of other shapes in place in the
+  // members' arenas (hierarchical.cc). map_members_arenas: whether every member's `tensors`
+  // are all in shared arenas (decided together: the same answer on every member); if so,
+  // (*views)[m] are member m's tensors as this process maps them, and every member must call
+  // release_members_arenas once it has done with them (nobody returns its tensors while
+  // another member may still write into them).
+  bool map_members_arenas(const Communicator& comm, const std::vector<TensorSpan>& tensors,
+                          size_t esize, std::vector<std::vector<TensorSpan>>* views);
+  void release_members_arenas(const Communicator& comm);
   // allreduce_shm_single_copy.cc: reading the peers' tensors with process_vm_readv, where
   // every member allows it, for allreduces of at least single_copy_min_bytes
   // (single_copy_suits).

@@ -1,6 +1,6 @@
 // The shared-memory group's segment layout and the pieces its three allreduce files share
 // (allreduce_shm_slots.cc, allreduce_shm_single_copy.cc, allreduce_shm_arena.cc). Private to
-// those files and shared_memory_group.cc.
+// those files, shared_memory_group.cc and hierarchical.cc (which borrows SegmentedBuffer).
 #pragma once
 
 #include <sys/uio.h>

@@ -41,9 +41,9 @@ Autotuner::Autotuner(const AutotuneOptions& options, const TunedParams& initial)
   if (!(fixed & kFixFusionThreshold)) names_.push_back("fusion_threshold");
   if (!(fixed & kFixCycleTime)) names_.push_back("cycle_time");
   if (!(fixed & kFixCache)) names_.push_back("cache_enabled");
-  if (options_.spans_hosts && !(fixed & kFixHierarchicalAllreduce))
+  if (options_.hierarchical_allreduce_usable && !(fixed & kFixHierarchicalAllreduce))
     names_.push_back("hierarchical_allreduce");
-  if (options_.spans_hosts && !(fixed & kFixHierarchicalAllgather))
+  if (options_.hierarchical_allgather_usable && !(fixed & kFixHierarchicalAllgather))
     names_.push_back("hierarchical_allgather");
   std::vector<bool> binary;
   for (const auto& n : names_) binary.push_back(n != "fusion_threshold" && n != "cycle_time");
@@ -61,7 +61,8 @@ Autotuner::Autotuner(const AutotuneOptions& options, const TunedParams& initial)
   active_ = options_.enabled && !names_.empty() && options_.max_samples > 0;
   current_.tuning = proposal_.tuning = active_;
   warmup_left_ = options_.warmup_samples;
-  start_ = Clock::now();
+  started(Clock::now());
+  waiting_ = false;
   if (active_) {
     std::string dims;
     for (const auto& n : names_) dims += (dims.empty() ? "" : ",") + n;
@@ -77,27 +78,44 @@ Autotuner::Autotuner(const AutotuneOptions& options, const TunedParams& initial)
 bool Autotuner::record(const std::vector<std::string>& names, size_t bytes,
                        Clock::time_point now) {
   if (!active_ || waiting_) return false;
-  for (const auto& n : names) {
-    if (++counts_[n] > options_.steps_per_sample) {
-      const double seconds = std::chrono::duration<double>(now - start_).count();
-      sample_done(seconds > 0 ? double(bytes_) / seconds : 0.0, now);
-      if (waiting_) return true;
-      // A warm-up sample ended: this response opens the next one.
-      for (const auto& m : names) counts_[m] = 1;
-      bytes_ = bytes;
-      return false;
-    }
+  int round = 0;
+  for (const auto& n : names) round = std::max(round, ++counts_[n]);
+  if (round > options_.steps_per_sample) {
+    end_step(now);
+    std::vector<double> scores = step_scores_;
+    std::nth_element(scores.begin(), scores.begin() + scores.size() / 2, scores.end());
+    sample_done(scores.empty() ? 0.0 : scores[scores.size() / 2], now);
+    if (waiting_) return true;
+    // A warm-up sample ended: this response opens the next one.
+    for (const auto& m : names) counts_[m] = 1;
+    step_ = 1;
+    step_bytes_ = bytes;
+    return false;
   }
-  bytes_ += bytes;
+  // The first response of the next round of names ends the step before it.
+  if (round > step_) {
+    if (step_ > 0) end_step(now);
+    step_ = round;
+  }
+  step_bytes_ += bytes;
   return false;
+}
+
+void Autotuner::end_step(Clock::time_point now) {
+  const double seconds = std::chrono::duration<double>(now - step_start_).count();
+  if (step_bytes_ > 0) step_scores_.push_back(seconds > 0 ? double(step_bytes_) / seconds : 0.0);
+  step_start_ = now;
+  step_bytes_ = 0;
 }
 
 void Autotuner::started(Clock::time_point now) {
   waiting_ = false;
   current_ = proposal_;
   counts_.clear();
-  bytes_ = 0;
-  start_ = now;
+  step_ = 0;
+  step_start_ = now;
+  step_bytes_ = 0;
+  step_scores_.clear();
 }
 
 std::vector<double> Autotuner::to_x(const TunedParams& p) const {

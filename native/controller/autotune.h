@@ -7,8 +7,11 @@
 // best setting for the rest of the job.
 //
 // A step is counted as Horovod counts it: a sample ends when some tensor name has been executed
-// `steps_per_sample` times since the sample began and comes again. The first `warmup_samples`
-// samples (start-up, caches filling) are measured but not used. Settings the user gave
+// `steps_per_sample` times since the sample began and comes again. A sample's score is the
+// median of its steps' scores (bytes over the step's time, a step running from the first
+// response of one round of names to the first of the next): one slow step, another job's burst
+// on a shared machine, does not decide which setting wins. The first `warmup_samples` samples
+// (start-up, caches filling) are measured but not used. Settings the user gave
 // explicitly are fixed, not tuned. Each sample is logged as Horovod logs it, one CSV row
 // (the settings and the score), followed by one row with the best setting when tuning ends.
 #pragma once
@@ -41,8 +44,11 @@ struct AutotuneOptions {
   int max_samples = 20;   // Bayesian samples (HOROVOD_AUTOTUNE_BAYES_OPT_MAX_SAMPLES)
   double noise = 0.8;     // HOROVOD_AUTOTUNE_GAUSSIAN_PROCESS_NOISE
   uint32_t fixed = 0;     // kFix* bits
-  // The job spans hosts: only then are the hierarchical switches tuned.
-  bool spans_hosts = false;
+  // Whether the global set has a hierarchy that the switch would use (algorithms/
+  // hierarchical.h: several hosts, more than one rank on some; allgather also needs each
+  // host's ranks consecutive): only such a switch is tuned.
+  bool hierarchical_allreduce_usable = false;
+  bool hierarchical_allgather_usable = false;
   uint64_t seed = 12345;
 };
 
@@ -94,8 +100,13 @@ class Autotuner {
   int warmup_left_ = 0;
   int seeds_used_ = 0;
   std::unordered_map<std::string, int> counts_;
-  size_t bytes_ = 0;
-  Clock::time_point start_;
+  // The sample's steps: the round of names the current one is (the highest count so far),
+  // when it began and the bytes since, and the finished steps' scores.
+  int step_ = 0;
+  Clock::time_point step_start_;
+  size_t step_bytes_ = 0;
+  std::vector<double> step_scores_;
+  void end_step(Clock::time_point now);
 };
 
 }  // namespace shvd

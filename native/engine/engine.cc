@@ -41,11 +41,14 @@ Engine::Engine(EngineOptions options, Mesh mesh, bool shared_memory)
   if (options_.rank == 0 && options_.autotune.enabled) {
     AutotuneOptions tune = options_.autotune;
     if (!cache_.enabled()) tune.fixed |= kFixCache;  // no cache to switch on
-    tune.spans_hosts = options_.cross_size > 1;
+    const Hierarchy::Use use = Hierarchy::usable(options_.host_ids);
+    tune.hierarchical_allreduce_usable = use.allreduce;
+    tune.hierarchical_allgather_usable = use.allgather;
     autotuner_ = std::make_unique<Autotuner>(tune, tuned_);
-    // Nothing to tune after all: the other ranks learn so with the first batch.
-    params_due_ = !autotuner_->active();
   }
+  // Rank 0's settings are every rank's: its first batch carries them (the hierarchical
+  // switches must agree, or ranks would run different algorithms on one collective).
+  params_due_ = options_.rank == 0 && options_.size > 1;
   // Every rank starts as "tuning" when autotuning was asked for, as rank 0 tells them.
   tuned_.tuning = options_.autotune.enabled;
   executed_params_ = tuned_;
@@ -55,7 +58,11 @@ Engine::Engine(EngineOptions options, Mesh mesh, bool shared_memory)
     coordinator_ = std::make_unique<Coordinator>(options_.size, &sets_, &cache_,
                                                  options_.coordinator);
   const int cpus = available_cpus();
-  overlap_ = options_.overlap >= 0 ? options_.overlap != 0 : options_.local_size * 2 <= cpus;
+  // A job across hosts overlaps even without spare cores: its collectives wait on the wire
+  // between hosts, which backward does not use (deferring left every byte of a step to cross
+  // after backward: on the multi-host bed the mlp's step lost 20-30 ms of wire time).
+  overlap_ = options_.overlap >= 0 ? options_.overlap != 0
+                                   : options_.local_size * 2 <= cpus || options_.cross_size > 1;
   // With more local ranks than CPUs a spinning engine would take a core a peer computes on.
   waiter_spin_ = options_.local_size <= cpus ? kWaiterSpin : Clock::duration::zero();
   wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);

@@ -61,7 +61,8 @@ struct EngineOptions {
   // (a training step's gradients, latency-bound loops) then skip two thread wake-ups each.
   double spin_microseconds = 200;
   double cycle_time_ms = 0.5;  // a burst's window (see Engine::in_burst_)
-  // See Engine::overlap_. -1: decide from the host (off when ranks * 2 threads > CPUs).
+  // See Engine::overlap_. -1: decide from the host (off when ranks * 2 threads > CPUs, unless
+  // the job spans hosts).
   int overlap = -1;
   // Negotiate cached allreduces through shared memory when every rank shares this host
   // (negotiation_board.h). Rank 0's setting applies to every rank.
@@ -295,6 +296,9 @@ class Engine : public gpu::GpuPath::Host {
   // Run-time settings (engine thread): the options' values until rank 0 sends others.
   TunedParams tuned_;
   uint64_t tuned_generation_ = 0;        // settings applied so far
+  // Rank 0's own settings arrived (its first batch: generation 0); and since then no
+  // collective has reported them yet.
+  bool rank0_params_applied_ = false, executed_stale_ = false;
   std::unique_ptr<Autotuner> autotuner_;  // rank 0 with autotuning on
   bool params_due_ = false;               // the tuner's proposal waits to be sent
   mutable std::mutex executed_mu_;        // executed_params(): read by user threads

@@ -124,6 +124,13 @@ const Communicator& Engine::communicator(int process_set) {
     std::vector<std::string> member_hosts;
     for (int g : c.global_ranks) member_hosts.push_back(options_.host_ids[g]);
     auto hierarchy = Hierarchy::build(c, member_hosts);
+    // My host's members set up their own shared-memory group for the within-host steps.
+    bool local_shared_memory = hierarchy && hierarchy->local.size > 1;
+    for (Link* l : hierarchy ? hierarchy->local.links : std::vector<Link*>())
+      if (l && !l->is_shared_memory()) local_shared_memory = false;
+    if (local_shared_memory)
+      hierarchy->host_group =
+          SharedMemoryGroup::create(hierarchy->local, options_.job_id, options_.shm_group);
     c.hierarchy = hierarchy.get();
     if (hierarchy) hierarchies_[process_set] = std::move(hierarchy);
   }

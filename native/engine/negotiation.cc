@@ -3,6 +3,7 @@
 // rank executes in the same order. With a negotiation board (board.cc) the batches are executed
 // where their markers stand in the shared log instead of on arrival.
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <exception>
 
@@ -199,7 +200,7 @@ void Engine::mark_negotiated(const Response& resp) {
 void Engine::send_batch(ResponseBatch batch) {
   if (params_due_) {
     batch.has_params = true;
-    batch.params = autotuner_->proposal();
+    batch.params = autotuner_ ? autotuner_->proposal() : tuned_;
     params_due_ = false;
   }
   const int64_t posted = posted_notice_.load();
@@ -227,19 +228,34 @@ void Engine::run_batch(const ResponseBatch& batch) {
 }
 
 void Engine::apply_params(const TunedParams& params) {
+  // The first settings are rank 0's own (its first batch carries them): generation 0 still,
+  // but every rank's next collective reports them.
+  if (rank0_params_applied_) ++tuned_generation_;
+  else executed_stale_ = true;
+  rank0_params_applied_ = true;
+  if (timeline_.active() && !(params == tuned_)) {
+    char what[192];
+    std::snprintf(what, sizeof what,
+                  "AUTOTUNE fusion_threshold=%llu cycle_time_ms=%.3f cache=%d "
+                  "hierarchical_allreduce=%d hierarchical_allgather=%d tuning=%d",
+                  static_cast<unsigned long long>(params.fusion_threshold_bytes),
+                  params.cycle_time_ms, int(params.cache_enabled), params.hierarchical_allreduce,
+                  params.hierarchical_allgather, int(params.tuning));
+    timeline_.mark("autotune", what);
+  }
   tuned_ = params;
   cycle_time_ms_.store(params.cycle_time_ms, std::memory_order_relaxed);
-  ++tuned_generation_;
   board_fusion_bytes_ = params.fusion_threshold_bytes;
   if (coordinator_) coordinator_->set_fusion_threshold(params.fusion_threshold_bytes);
   if (autotuner_) autotuner_->started(Clock::now());
 }
 
 void Engine::note_collective(const Response& resp) {
-  if (executed_generation_ != tuned_generation_) {
+  if (executed_generation_ != tuned_generation_ || executed_stale_) {
     std::lock_guard<std::mutex> lock(executed_mu_);
     executed_params_ = tuned_;
     executed_generation_ = tuned_generation_;
+    executed_stale_ = false;
   }
   // Rank 0 measures only while tuning: once the best setting is kept, nothing to count.
   if (!autotuner_ || !autotuner_->active()) return;

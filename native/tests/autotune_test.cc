@@ -36,6 +36,16 @@ int steps_until_proposal(Autotuner& t, double score_bytes, int limit = 1000) {
   return -1;
 }
 
+// Autotuning on, with `warmup` warm-up samples and `samples` samples of `steps` steps.
+AutotuneOptions tuning(int warmup, int steps, int samples) {
+  AutotuneOptions o;
+  o.enabled = true;
+  o.warmup_samples = warmup;
+  o.steps_per_sample = steps;
+  o.max_samples = samples;
+  return o;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -133,13 +143,9 @@ int main(int argc, char** argv) {
   });
 
   shvd_test::run_test("tuner_keeps_fixed_settings", [] {
-    AutotuneOptions o;
-    o.enabled = true;
-    o.warmup_samples = 0;
-    o.steps_per_sample = 1;
-    o.max_samples = 6;
+    AutotuneOptions o = tuning(0, 1, 6);
     o.fixed = kFixFusionThreshold | kFixCache;
-    o.spans_hosts = true;
+    o.hierarchical_allreduce_usable = o.hierarchical_allgather_usable = true;
     TunedParams initial;
     initial.fusion_threshold_bytes = 12345;
     Autotuner t(o, initial);
@@ -156,8 +162,34 @@ int main(int argc, char** argv) {
     CHECK(cycle_changed && hierarchical_on && !t.active());
     AutotuneOptions all_fixed = o;
     all_fixed.fixed = kFixFusionThreshold | kFixCycleTime | kFixCache;
-    all_fixed.spans_hosts = false;
+    all_fixed.hierarchical_allreduce_usable = all_fixed.hierarchical_allgather_usable = false;
     CHECK(!Autotuner(all_fixed, initial).active());
+    // A switch the set's hierarchy cannot use is not tuned: hosts not in blocks (allgather).
+    AutotuneOptions interleaved = o;
+    interleaved.hierarchical_allgather_usable = false;
+    CHECK(Autotuner(interleaved, initial).dimensions() ==
+          (std::vector<std::string>{"cycle_time", "hierarchical_allreduce"}));
+  });
+
+  shvd_test::run_test("tuner_scores_the_median_step", [] {
+    // Two samples of 5 steps with the same bytes per step: the first has one step 50x slower
+    // (another job's burst), the second runs every step 1.2x slower. The median step decides:
+    // the first scores higher (the mean would have picked the second).
+    Autotuner t(tuning(0, 5, 2), TunedParams{});
+    auto run = [&](std::vector<int> step_ms) {
+      auto now = Autotuner::Clock::now();
+      t.started(now);
+      for (int ms : step_ms) {
+        CHECK(!t.record({"grad.a"}, 1000, now));
+        now += std::chrono::milliseconds(ms);
+      }
+      return t.record({"grad.a"}, 1000, now);  // the sixth round ends the sample
+    };
+    CHECK(run({10, 10, 500, 10, 10}));
+    CHECK(run({12, 12, 12, 12, 12}));
+    CHECK(!t.active());
+    // The setting kept is the first sample's (the initial one): its median step was faster.
+    CHECK(t.proposal().fusion_threshold_bytes == TunedParams{}.fusion_threshold_bytes);
   });
 
   shvd_test::run_test("settings_travel_in_a_response_batch", [] {

@@ -75,6 +75,20 @@ void test_uneven_hosts() {
   CHECK(h->lane_blocks(5) == (std::vector<size_t>{3, 2}));
 }
 
+void test_usable() {
+  // What the autotuner may tune: allreduce where a hierarchy exists, allgather where its
+  // hosts' members are consecutive too.
+  auto use = Hierarchy::usable({"a", "a", "b", "b"});
+  CHECK(use.allreduce && use.allgather);
+  use = Hierarchy::usable({"a", "b", "a", "b"});
+  CHECK(use.allreduce && !use.allgather);
+  use = Hierarchy::usable({"a", "b", "c"});
+  CHECK(!use.allreduce && !use.allgather);
+  use = Hierarchy::usable({"a", "a"});
+  CHECK(!use.allreduce && !use.allgather);
+  CHECK(!Hierarchy::usable({}).allreduce);
+}
+
 void test_no_hierarchy() {
   // One host; one member per host; not a member; host ids missing.
   CHECK(Hierarchy::build(comm_of(3, 0), {"a", "a", "a"}) == nullptr);
@@ -92,5 +106,6 @@ int main(int argc, char** argv) {
   run_test("hierarchy: interleaved hosts", test_interleaved_hosts);
   run_test("hierarchy: uneven hosts", test_uneven_hosts);
   run_test("hierarchy: none where it cannot help", test_no_hierarchy);
+  run_test("hierarchy: what a set of hosts can use", test_usable);
   return shvd_test::summary();
 }

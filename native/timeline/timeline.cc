@@ -84,7 +84,10 @@ const char* Timeline::negotiate_phase(OpType op) {
 }
 
 int Timeline::row_for(OpType op, const std::string& tensor) {
-  const std::string label = std::string(op_type_name(op)) + "." + tensor;
+  return row_named(std::string(op_type_name(op)) + "." + tensor);
+}
+
+int Timeline::row_named(const std::string& label) {
   auto it = rows_.find(label);
   if (it != rows_.end()) return it->second;
   int row = int(rows_.size()) + 1;
@@ -118,6 +121,11 @@ void Timeline::end(OpType op, const std::string& tensor, const char* phase) {
 void Timeline::instant(OpType op, const std::string& tensor, const std::string& what) {
   std::lock_guard<std::mutex> lock(mu_);
   if (file_) write_event(row_for(op, tensor), "i", what);
+}
+
+void Timeline::mark(const std::string& row, const std::string& what) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (file_) write_event(row_named(row), "i", what);
 }
 
 void Timeline::cycle() {

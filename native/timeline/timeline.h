@@ -28,6 +28,8 @@ class Timeline {
   void begin(OpType op, const std::string& tensor, const char* phase);
   void end(OpType op, const std::string& tensor, const char* phase);
   void instant(OpType op, const std::string& tensor, const std::string& what);
+  // An instant event on a row of its own named `row` (not a tensor's): "autotune".
+  void mark(const std::string& row, const std::string& what);
   void cycle();
 
   // ALLREDUCE, ALLGATHER, ...: the phase a collective runs in.
@@ -37,6 +39,7 @@ class Timeline {
 
  private:
   int row_for(OpType op, const std::string& tensor);  // requires mu_
+  int row_named(const std::string& label);            // requires mu_
   void write_event(int row, const char* ph, const std::string& name);  // requires mu_
   long long now_us() const;
 

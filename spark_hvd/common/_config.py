@@ -1,9 +1,13 @@
 """Configuration from the environment. Every ``SPARK_HVD_*`` variable also accepts Horovod's
 ``HOROVOD_*`` name so existing job configs keep working; ours wins when both are set.
 
-:data:`HOROVOD_VARIABLES` lists every ``HOROVOD_*`` variable Horovod 0.28.1 documents and what
-spark_hvd does with it; :func:`warn_unsupported_env` (run by ``init()``) warns once per process
-about each one that is set but not implemented, so none is silently ignored.
+:data:`SETTINGS` is the one table of the variables a user may set: name, default, meaning. The
+readers take their defaults from it, and the documentation's configuration reference is
+generated from it (``docs/_ext``), so neither can drift. :data:`HOROVOD_VARIABLES` lists every
+``HOROVOD_*`` variable Horovod 0.28.1 documents and what spark_hvd does with it (an honoured
+one's meaning is its :data:`SETTINGS` row); :func:`warn_unsupported_env` (run by ``init()``)
+warns once per process about each one that is set but not implemented, so none is silently
+ignored.
 """
 
 import logging
@@ -12,13 +16,239 @@ import sys
 
 from . import _bootstrap_contract as contract
 
-DEFAULT_FUSION_THRESHOLD = 128 * 1024 * 1024
+
+
+class Setting:
+    """One variable a user may set, as ``SPARK_HVD_<name>`` (or ``HOROVOD_<name>``).
+
+    ``default``: what the reader uses when it is not set (None: unset, or the native core's own
+    default, which ``shown`` then gives); ``meaning``: what it does (Markdown, for the
+    configuration reference); ``section``: the reference's heading; ``horovod``: Horovod 0.28.1
+    has a ``HOROVOD_<name>`` of the same meaning; ``see``: the documentation page (and anchor)
+    that explains it, relative to ``docs/``.
+    """
+
+    def __init__(self, default, meaning, section, shown=None, horovod=False, see=None):
+        self.default = default
+        self.meaning = meaning
+        self.section = section
+        self.shown = shown
+        self.horovod = horovod
+        self.see = see
+
+    def shown_default(self):
+        """The default as the documentation shows it ("" when there is none)."""
+        if self.shown is not None:
+            return self.shown
+        if self.default is None:
+            return ""
+        if isinstance(self.default, bool):
+            return str(int(self.default))
+        if isinstance(self.default, float) and self.default.is_integer():
+            return str(int(self.default))
+        return str(self.default)
+
+
+_ENGINE, _CHECKS, _TIMELINE, _TRANSPORT = ("engine", "stall and deadlock checks", "timeline",
+                                           "transports")
+_HIER, _AUTOTUNE, _GPU, _FRAMEWORKS = ("hierarchical collectives", "autotuning", "GPUs",
+                                       "frameworks")
+_START, _ELASTIC, _SPARK, _BUILD = ("start-up and logging", "elastic training", "Spark",
+                                    "building")
+
+# The one table of the variables users set (names without the SPARK_HVD_ / HOROVOD_ prefix),
+# in the order the configuration reference lists them. Readers take their defaults from here.
+SETTINGS = {
+    "FUSION_THRESHOLD": Setting(
+        128 * 1024 * 1024, "bytes of small allreduces fused into one collective (0 disables "
+        "fusion)", _ENGINE, horovod=True),
+    "CYCLE_TIME": Setting(
+        0.5, "ms burst window: ops a rank submits in quick succession (a step's gradients) are "
+        "collected and negotiated together; a burst ends when a result is awaited or polled, "
+        "when the user pauses for a window, and at the latest after 10 windows (100 when not "
+        "overlapping)", _ENGINE, horovod=True, see="concepts.md#the-background-engine"),
+    "OVERLAP": Setting(
+        "auto", "`1`: run collectives while the training thread is still submitting (spare "
+        "cores overlap them with its work); `0`: collect a step's ops until a result is awaited "
+        "(no engine wake-ups competing for the cores); `auto`: `0` when ranks on a host × 2 "
+        "threads exceed its CPUs, else `1`, and `1` in a job across hosts (its collectives "
+        "wait on the wire between hosts, which backward does not use)", _ENGINE),
+    "CACHE_CAPACITY": Setting(1024, "response-cache entries (0 disables)", _ENGINE,
+                              horovod=True),
+    "DYNAMIC_PROCESS_SETS": Setting(
+        False, "allow `add_process_set` / `remove_process_set` (also "
+        "`init(process_sets=\"dynamic\")`)", _ENGINE, horovod=True),
+    "STALL_CHECK_TIME_SECONDS": Setting(
+        60.0, "warn when some ranks submitted a tensor and others did not for this long",
+        _CHECKS, horovod=True),
+    "STALL_SHUTDOWN_TIME_SECONDS": Setting(
+        0.0, "if > 0, abort the job after a stall this long, or after a collective in which no "
+        "byte moved this long (a frozen peer); acts after the later of this and the check time. "
+        "Elastic jobs default to 60", _CHECKS, horovod=True,
+        see="multi-host.md#when-a-host-or-a-link-is-lost-the-failure-bounds"),
+    "STALL_CHECK_DISABLE": Setting(False, "turn the stall inspector off", _CHECKS,
+                                   horovod=True),
+    "DEADLOCK_CHECK_SECONDS": Setting(
+        2.0, "a rank whose user threads have waited this long for results, with nothing new "
+        "submitted or executed, tells rank 0 what it waits for; when every rank has, and none of "
+        "those collectives has been submitted by every member it needs, the job ends with "
+        "`HorovodInternalError` naming each rank's pending ops (no stall timeout needed). A "
+        "program whose second thread submits, more than this long later, an op that the other "
+        "ranks wait for can raise it; `0` turns the check off", _CHECKS),
+    "TIMELINE": Setting(
+        "", "write a Chrome trace to this file (rank 0); `DYNAMIC`: none at start, "
+        "`hvd.start_timeline()` / `hvd.stop_timeline()` control it", _TIMELINE, horovod=True,
+        see="timeline.md"),
+    "TIMELINE_MARK_CYCLES": Setting(False, "also mark engine cycles in the timeline",
+                                    _TIMELINE, horovod=True),
+    "SHM_DISABLE": Setting(False, "use TCP even between ranks on one host", _TRANSPORT),
+    "RING_THRESHOLD": Setting(
+        None, "bytes above which TCP allreduce uses the ring instead of recursive doubling",
+        _TRANSPORT, shown="65536"),
+    "SHM_CHUNK_BYTES": Setting(
+        None, "chunk size of the shared-memory allreduce pipeline; the single-copy path, which "
+        "needs no slots, uses twice this (rank 0's value is used by all)", _TRANSPORT,
+        shown="524288"),
+    "SHM_SINGLE_COPY": Setting(
+        True, "`0`: never read peers' memory directly (`process_vm_readv`); always go through "
+        "the shared segment (rank 0's value is used by all)", _TRANSPORT,
+        see="concepts.md#transports"),
+    "SHM_SINGLE_COPY_MIN_BYTES": Setting(
+        None, "allreduces from this size read peers' tensors directly (rank 0's value is used "
+        "by all)", _TRANSPORT, shown="16777216"),
+    "SHM_NEGOTIATION": Setting(
+        True, "when every rank shares one host, agree on cached allreduces through shared "
+        "memory instead of the rank-0 coordinator (0: always the coordinator; rank 0's value "
+        "applies)", _TRANSPORT),
+    "SHM_PIPE_BYTES": Setting(None, "capacity of each shared-memory pipe direction",
+                              _TRANSPORT, shown="4194304"),
+    "TCP_BUFFER_BYTES": Setting(
+        None, "socket buffer size of TCP links (0 = kernel autotuning)", _TRANSPORT,
+        shown="4194304"),
+    "NETWORK_INTERFACE": Setting(
+        None, "interface name (or comma list) every rank's listener binds to and advertises, "
+        "resolved on each rank's host; also `HOROVOD_GLOO_IFACE`", _TRANSPORT, horovod=True,
+        see="multi-host.md#network-interfaces"),
+    "GLOO_IFACE": Setting(
+        None, "Horovod's per-rank name of `NETWORK_INTERFACE` (what `horovodrun` sets)",
+        _TRANSPORT, horovod=True),
+    "PEER_TIMEOUT_SECONDS": Setting(
+        25.0, "a peer host silent this long (down, or its link cut) is lost: every rank's ops "
+        "fail with `HorovodInternalError` (0 = the kernel's defaults, minutes to hours)",
+        _TRANSPORT, see="multi-host.md#when-a-host-or-a-link-is-lost-the-failure-bounds"),
+    "CPU_OPERATIONS": Setting(
+        "gloo", "`MPI`: CPU collectives through MPI in jobs started by `mpirun`, "
+        "`spark-hvd-run --mpi` or `init(comm=...)`; `gloo`: spark_hvd's own transport",
+        _TRANSPORT, horovod=True, see="launching.md#mpi-as-a-backend"),
+    "HIERARCHICAL_ALLREDUCE": Setting(
+        None, "`1`: allreduce within each host, then across hosts, wherever a set spans hosts "
+        "with more than one of its ranks on some host; `0`: never; unset: when bandwidth-bound",
+        _HIER, shown="auto", horovod=True, see="multi-host.md#hierarchical-collectives"),
+    "HIERARCHICAL_ALLGATHER": Setting(
+        None, "`1` / `0`: the same for allgather; unset: always where it applies", _HIER,
+        shown="auto", horovod=True, see="multi-host.md#hierarchical-collectives"),
+    "AUTOTUNE": Setting(
+        False, "`1`: tune the fusion threshold, cycle time, response cache and (where the job "
+        "spans hosts) the hierarchical switches while training runs (launcher: `--autotune`)",
+        _AUTOTUNE, horovod=True, see="autotuning.md"),
+    "AUTOTUNE_LOG": Setting(
+        "", "CSV file rank 0 writes: one row per sample (the settings and the score), then the "
+        "best one (launcher: `--autotune-log-file`)", _AUTOTUNE, horovod=True),
+    "AUTOTUNE_WARMUP_SAMPLES": Setting(
+        3, "samples measured first and discarded (start-up, caches filling)", _AUTOTUNE,
+        horovod=True),
+    "AUTOTUNE_STEPS_PER_SAMPLE": Setting(10, "training steps in each sample", _AUTOTUNE,
+                                         horovod=True),
+    "AUTOTUNE_BAYES_OPT_MAX_SAMPLES": Setting(
+        20, "samples tried before the best setting is kept for the rest of the job", _AUTOTUNE,
+        horovod=True),
+    "AUTOTUNE_GAUSSIAN_PROCESS_NOISE": Setting(
+        0.8, "noise the model assumes, relative to the spread of the scores (higher: trusts "
+        "single samples less)", _AUTOTUNE, horovod=True),
+    "SHARED_GPU": Setting(
+        "host", "what ranks of a process set that share one GPU do with CUDA tensors (NCCL "
+        "refuses them): `host` runs those collectives through host memory (one warning); "
+        "`nccl` gives each rank its own `NCCL_HOSTID` so NCCL connects them through its socket "
+        "transport", _GPU, see="gpus.md"),
+    "CUDART_LIBRARY": Setting(
+        None, "path of the CUDA runtime library the core loads for CUDA tensors (default: the "
+        "copy the framework loaded, NVIDIA's wheels, then the system's)", _GPU, see="gpus.md"),
+    "NCCL_LIBRARY": Setting(None, "path of the NCCL library, found as `CUDART_LIBRARY` is",
+                            _GPU, see="gpus.md"),
+    "SHARED_GRADIENTS": Setting(
+        True, "`0`: torch gradients stay in torch's own memory, and tensors in shared arenas "
+        "are not reduced in place (`0` on any rank turns the latter off for its whole process "
+        "set)", _FRAMEWORKS, see="guides/pytorch.md#gradients-in-shared-memory"),
+    "TF_SYNC_KERNELS": Setting(
+        False, "`1`: the TensorFlow op library's kernels wait for their collectives before they "
+        "return (its fallback where TensorFlow's done callbacks cannot be kept); a "
+        "`tf.compat.v1` Session graph whose independent collectives the ranks start in "
+        "different orders then ends with the deadlock error", _FRAMEWORKS,
+        see="installing.md"),
+    "GRADIENT_BUCKET_BYTES": Setting(
+        None, "torch `DistributedOptimizer`: small gradients submitted together (0 = one by "
+        "one); CUDA gradients use torch DDP's 25 MiB buckets, since each NCCL collective costs "
+        "a launch and a network round trip", _FRAMEWORKS,
+        shown="262144 (CUDA: 26214400)"),
+    "TF_OPS": Setting(
+        True, "`0`: TensorFlow graphs run allreduces as `tf.numpy_function` nodes instead of "
+        "the native `SparkHvdAllreduce` op", _FRAMEWORKS,
+        see="guides/tensorflow.md#inside-graphs"),
+    "START_TIMEOUT": Setting(contract.DEFAULT_START_TIMEOUT, "seconds to wait for all ranks at "
+                             "start-up", _START, horovod=True),
+    "GLOO_TIMEOUT_SECONDS": Setting(
+        None, "the start timeout when `START_TIMEOUT` is not set (Horovod's bound on Gloo's "
+        "set-up; launcher: `--gloo-timeout-seconds`)", _START, horovod=True),
+    "LOG_LEVEL": Setting(
+        "WARNING", "`TRACE`, `DEBUG`, `INFO`, `WARNING`, `ERROR` or `FATAL`: the level of the "
+        "launcher's, the Python side's (the `spark_hvd` logger) and the native core's messages",
+        _START, horovod=True),
+    "KILL_GRACE_SECONDS": Setting(
+        5.0, "`spark-hvd-run`: seconds between SIGTERM and SIGKILL when it stops the ranks",
+        _START),
+    "ELASTIC_TIMEOUT": Setting(
+        contract.DEFAULT_ELASTIC_TIMEOUT, "elastic jobs: how long the job may wait to re-form "
+        "(too few processes) before it fails (launcher: `--elastic-timeout`)", _ELASTIC,
+        horovod=True, see="elastic.md"),
+    "ELASTIC_REJOIN_SECONDS": Setting(
+        contract.DEFAULT_ELASTIC_REJOIN, "elastic jobs: a member that has not rejoined this long "
+        "after a reset began (it ignored the abort: frozen) is stopped and its host blacklisted",
+        _ELASTIC, see="elastic.md"),
+    "ELASTIC_ON_USER_ERROR": Setting(
+        "raise", "`raise`: an exception in the user's code ends an elastic job; `blacklist`: "
+        "its host is treated as lost (Horovod's behaviour)", _ELASTIC, see="elastic.md"),
+    "SPARK_START_TIMEOUT": Setting(
+        600.0, "`spark_hvd.spark.run`'s start timeout when its `start_timeout` is not given",
+        _SPARK, horovod=True),
+    "SPARK_HEARTBEAT_TIMEOUT": Setting(
+        10.0, "on the driver: a Spark task silent this long is lost and fails the run (also the "
+        "Spark configuration `spark.spark_hvd.heartbeatTimeout`)", _SPARK,
+        see="multi-host.md#spark-across-machines-standalone-yarn-kubernetes"),
+    "ALLOW_UNENCRYPTED": Setting(
+        False, "on the driver: `1` lets `spark_hvd.spark.run` start on a cluster with "
+        "`spark.ssl.enabled=true` (the ranks' traffic is authenticated, not encrypted)",
+        _SPARK, see="guides/spark.md#what-happens"),
+    "SKIP_SMOKE_TEST": Setting(
+        False, "`build.py`: do not test a newly linked core before installing it (cross "
+        "builds)", _BUILD, see="getting-started.md#supported-toolchains"),
+    "BUILD_JOBS": Setting(2, "`build.py`: parallel compiler processes", _BUILD),
+    "SKIP_NATIVE_BUILD": Setting(False, "`pip install`: leave the native build out", _BUILD),
+    "DEBUG_BUILD": Setting(False, "`pip install`: build the core with `-O0 -g`", _BUILD),
+}
+
+
+def default(name):
+    """The default of setting ``name`` (:data:`SETTINGS`)."""
+    return SETTINGS[name].default
+
+
+DEFAULT_FUSION_THRESHOLD = default("FUSION_THRESHOLD")
 # 25 s + the last probe tick (< 1 s) + the abort stays within the 30 s bound the docs promise.
-DEFAULT_PEER_TIMEOUT_SECONDS = 25.0
+DEFAULT_PEER_TIMEOUT_SECONDS = default("PEER_TIMEOUT_SECONDS")
 # Long enough that a thread about to submit the op another rank waits for is not mistaken for a
 # deadlock; short next to the stall inspector's 60 s (native/controller/deadlock.h).
-DEFAULT_DEADLOCK_CHECK_SECONDS = 2.0
-# The stall inspector's shutdown time in elastic jobs (README "Elastic training").
+DEFAULT_DEADLOCK_CHECK_SECONDS = default("DEADLOCK_CHECK_SECONDS")
+# The stall inspector's shutdown time in elastic jobs (docs: elastic training).
 DEFAULT_ELASTIC_STALL_SHUTDOWN_SECONDS = 60.0
 
 
@@ -98,17 +328,19 @@ class Config:
         configure_logging()
         warn_unsupported_env()
         self.fusion_threshold = env_int("FUSION_THRESHOLD", DEFAULT_FUSION_THRESHOLD)
-        self.cycle_time_ms = env_float("CYCLE_TIME", 0.5)
-        self.cache_capacity = env_int("CACHE_CAPACITY", 1024)
+        self.cycle_time_ms = env_float("CYCLE_TIME", default("CYCLE_TIME"))
+        self.cache_capacity = env_int("CACHE_CAPACITY", default("CACHE_CAPACITY"))
         if env_flag("STALL_CHECK_DISABLE"):
             self.stall_warning_seconds = 0.0
         else:
-            self.stall_warning_seconds = env_float("STALL_CHECK_TIME_SECONDS", 60.0)
+            self.stall_warning_seconds = env_float("STALL_CHECK_TIME_SECONDS",
+                                                   default("STALL_CHECK_TIME_SECONDS"))
         # Elastic jobs end a stall (a frozen rank) by default, so the driver can re-form without
         # it: off elsewhere, as in Horovod.
         self.stall_shutdown_seconds = env_float(
             "STALL_SHUTDOWN_TIME_SECONDS",
-            DEFAULT_ELASTIC_STALL_SHUTDOWN_SECONDS if env_flag("ELASTIC") else 0.0)
+            DEFAULT_ELASTIC_STALL_SHUTDOWN_SECONDS if env_flag("ELASTIC")
+            else default("STALL_SHUTDOWN_TIME_SECONDS"))
         # Every rank blocked this long in collectives none can complete ends the job (0: off).
         self.deadlock_check_seconds = env_float("DEADLOCK_CHECK_SECONDS",
                                                 DEFAULT_DEADLOCK_CHECK_SECONDS)
@@ -121,36 +353,36 @@ class Config:
         self.timeline_mark_cycles = env_flag("TIMELINE_MARK_CYCLES")
         self.dynamic_process_sets = env_flag("DYNAMIC_PROCESS_SETS")
         # Hierarchical collectives on sets that span hosts: 1 forces them on, 0 off, unset -1
-        # lets the core choose (see the README's "Hierarchical collectives").
+        # lets the core choose (see docs/multi-host.md, "Hierarchical collectives").
         self.hierarchical_allreduce = env_switch("HIERARCHICAL_ALLREDUCE")
         self.hierarchical_allgather = env_switch("HIERARCHICAL_ALLGATHER")
         self.log_level = log_level()
         self.shared_memory = not env_flag("SHM_DISABLE")
         # Shared-memory allreduce tuning; 0 and None leave the core's defaults.
         self.shm_chunk_bytes = env_int("SHM_CHUNK_BYTES", 0)
-        self.shm_single_copy = env_flag("SHM_SINGLE_COPY", True)
+        self.shm_single_copy = env_flag("SHM_SINGLE_COPY", default("SHM_SINGLE_COPY"))
         self.shm_single_copy_min_bytes = env_int("SHM_SINGLE_COPY_MIN_BYTES", None)
         # Transport buffers: each direction of a shared-memory pipe (0: the core's 4 MiB), and
         # the TCP data sockets' send/receive buffers (None: the core's 4 MiB; 0: the kernel's
         # autotuning).
         self.shm_pipe_bytes = env_int("SHM_PIPE_BYTES", 0)
         # Cached allreduces agreed through shared memory when every rank shares one host.
-        self.shm_negotiation = env_flag("SHM_NEGOTIATION", True)
+        self.shm_negotiation = env_flag("SHM_NEGOTIATION", default("SHM_NEGOTIATION"))
         self.tcp_buffer_bytes = env_int("TCP_BUFFER_BYTES", None)
         # A peer host silent this long (down, or its link cut: no FIN, no RST ever comes) is
         # lost and every rank's ops fail; 0 leaves the kernel's defaults (minutes to hours).
         self.peer_timeout = env_float("PEER_TIMEOUT_SECONDS", DEFAULT_PEER_TIMEOUT_SECONDS)
         # Gradients in memory every local member maps, reduced in place (torch).
-        self.shared_gradients = env_flag("SHARED_GRADIENTS", True)
+        self.shared_gradients = env_flag("SHARED_GRADIENTS", default("SHARED_GRADIENTS"))
         # Horovod's gloo timeout bounds its connection set-up, as our start timeout does.
         self.start_timeout = contract.start_timeout()
-        overlap = str(env("OVERLAP", "auto")).strip().lower()
+        overlap = str(env("OVERLAP", default("OVERLAP"))).strip().lower()
         if overlap not in _OVERLAP:
             raise ValueError(f"SPARK_HVD_OVERLAP must be auto, 1 or 0, got {overlap!r}")
         self.overlap = _OVERLAP[overlap]
         # Ranks of a set that share one GPU (NCCL refuses them): 0 host memory, 1 NCCL with a
         # host identity per rank (the core's SHVD_SHARED_GPU_* codes).
-        shared_gpu = str(env("SHARED_GPU", "host")).strip()
+        shared_gpu = str(env("SHARED_GPU", default("SHARED_GPU"))).strip()
         if shared_gpu.lower() not in _SHARED_GPU:
             raise ValueError(f"SPARK_HVD_SHARED_GPU={shared_gpu} is not a choice: use 'host' "
                              "(ranks sharing a GPU reduce CUDA tensors through host memory) or "
@@ -176,10 +408,14 @@ class Config:
         the user gave explicitly is fixed, as in Horovod."""
         self.autotune = env_flag("AUTOTUNE")
         self.autotune_log = env("AUTOTUNE_LOG", "") or ""
-        self.autotune_warmup_samples = env_int("AUTOTUNE_WARMUP_SAMPLES", 3)
-        self.autotune_steps_per_sample = env_int("AUTOTUNE_STEPS_PER_SAMPLE", 10)
-        self.autotune_bayes_opt_max_samples = env_int("AUTOTUNE_BAYES_OPT_MAX_SAMPLES", 20)
-        self.autotune_gaussian_process_noise = env_float("AUTOTUNE_GAUSSIAN_PROCESS_NOISE", 0.8)
+        self.autotune_warmup_samples = env_int("AUTOTUNE_WARMUP_SAMPLES",
+                                               default("AUTOTUNE_WARMUP_SAMPLES"))
+        self.autotune_steps_per_sample = env_int("AUTOTUNE_STEPS_PER_SAMPLE",
+                                                 default("AUTOTUNE_STEPS_PER_SAMPLE"))
+        self.autotune_bayes_opt_max_samples = env_int(
+            "AUTOTUNE_BAYES_OPT_MAX_SAMPLES", default("AUTOTUNE_BAYES_OPT_MAX_SAMPLES"))
+        self.autotune_gaussian_process_noise = env_float(
+            "AUTOTUNE_GAUSSIAN_PROCESS_NOISE", default("AUTOTUNE_GAUSSIAN_PROCESS_NOISE"))
         self.autotune_fixed = [name for name in AUTOTUNE_FIXED_BITS if env(name) is not None]
         if not self.autotune:
             return
@@ -229,7 +465,7 @@ TIMELINE_DYNAMIC = "DYNAMIC"
 # ---- logging ------------------------------------------------------------------------------------
 
 LOG_LEVELS = ("TRACE", "DEBUG", "INFO", "WARNING", "ERROR", "FATAL")  # Horovod's names
-DEFAULT_LOG_LEVEL = "WARNING"
+DEFAULT_LOG_LEVEL = default("LOG_LEVEL")
 _PYTHON_LEVELS = {"TRACE": 5, "DEBUG": logging.DEBUG, "INFO": logging.INFO,
                   "WARNING": logging.WARNING, "ERROR": logging.ERROR, "FATAL": logging.CRITICAL}
 logger = logging.getLogger("spark_hvd")
@@ -314,41 +550,9 @@ _TORUS = ("torus allreduce is not implemented; HOROVOD_HIERARCHICAL_ALLREDUCE gi
 # horovod/common/common.h, except HOROVOD_MPI / HOROVOD_GLOO / HOROVOD_CCL, which are values of
 # HOROVOD_CONTROLLER and HOROVOD_CPU_OPERATIONS there, not variables.
 HOROVOD_VARIABLES = {
-    # Engine settings, read by Config at init().
-    "FUSION_THRESHOLD": HorovodVariable(HONOURED, "fusion buffer size in bytes"),
-    "CYCLE_TIME": HorovodVariable(HONOURED, "burst window in milliseconds"),
-    "CACHE_CAPACITY": HorovodVariable(HONOURED, "response cache entries (0 disables it)"),
-    "STALL_CHECK_DISABLE": HorovodVariable(HONOURED, "no stall warnings"),
-    "STALL_CHECK_TIME_SECONDS": HorovodVariable(HONOURED, "stall warning after this long"),
-    "STALL_SHUTDOWN_TIME_SECONDS": HorovodVariable(HONOURED, "stop the job after a stall "
-                                                   "this long"),
-    "TIMELINE": HorovodVariable(HONOURED, "timeline file of rank 0, or DYNAMIC: none at start, "
-                                "hvd.start_timeline() / hvd.stop_timeline() control it"),
-    "TIMELINE_MARK_CYCLES": HorovodVariable(HONOURED, "cycle markers in the timeline"),
-    "DYNAMIC_PROCESS_SETS": HorovodVariable(HONOURED, "add_process_set / remove_process_set "
-                                            "(also init(process_sets='dynamic'))"),
-    "START_TIMEOUT": HorovodVariable(HONOURED, "seconds the ranks wait for each other at start"),
-    "GLOO_TIMEOUT_SECONDS": HorovodVariable(HONOURED, "the start timeout when START_TIMEOUT is "
-                                            "not set (launcher: --gloo-timeout-seconds)"),
-    "LOG_LEVEL": HorovodVariable(HONOURED, "level of the launcher's, the Python side's and the "
-                                 "native core's messages"),
-    "SPARK_START_TIMEOUT": HorovodVariable(HONOURED, "spark_hvd.spark.run's start timeout"),
-    "GLOO_IFACE": HorovodVariable(HONOURED, "every rank's listener binds to, and advertises, its "
-                                  "host's address on this interface (as NETWORK_INTERFACE)"),
-    "NETWORK_INTERFACE": HorovodVariable(HONOURED, "interface (or comma list) every rank's "
-                                         "listener binds to and advertises"),
-    "HIERARCHICAL_ALLREDUCE": HorovodVariable(HONOURED, "1 / 0 force hierarchical allreduce on "
-                                              "/ off where a set spans hosts; unset: automatic"),
-    "HIERARCHICAL_ALLGATHER": HorovodVariable(HONOURED, "1 / 0 force hierarchical allgather on "
-                                              "/ off where a set spans hosts; unset: automatic"),
-    "AUTOTUNE": HorovodVariable(HONOURED, "tune the fusion threshold, cycle time, response "
-                                "cache and hierarchical switches while training runs"),
-    "AUTOTUNE_LOG": HorovodVariable(HONOURED, "CSV of the autotune samples (rank 0)"),
-    "AUTOTUNE_WARMUP_SAMPLES": HorovodVariable(HONOURED, "autotune samples discarded first"),
-    "AUTOTUNE_STEPS_PER_SAMPLE": HorovodVariable(HONOURED, "steps per autotune sample"),
-    "AUTOTUNE_BAYES_OPT_MAX_SAMPLES": HorovodVariable(HONOURED, "autotune samples before the "
-                                                      "best setting is kept"),
-    "AUTOTUNE_GAUSSIAN_PROCESS_NOISE": HorovodVariable(HONOURED, "noise of the autotune model"),
+    # Horovod's settings that spark_hvd reads too: their rows of SETTINGS.
+    **{name: HorovodVariable(HONOURED, setting.meaning)
+       for name, setting in SETTINGS.items() if setting.horovod},
     # Nothing to do in spark_hvd: said why, no warning.
     "LOG_HIDE_TIME": HorovodVariable(NO_EFFECT, "spark_hvd's log lines carry no time stamp "
                                      "(the launcher's --prefix-timestamp adds one)"),
@@ -372,8 +576,6 @@ HOROVOD_VARIABLES = {
     "ELASTIC": HorovodVariable(HONOURED, "set by the elastic launcher in every worker: init() "
                                "joins the driver's rounds; DistributedOptimizer keeps its hooks "
                                "at size 1"),
-    "ELASTIC_TIMEOUT": HorovodVariable(HONOURED, "seconds an elastic job may spend re-forming "
-                                       "(--elastic-timeout; default 600)"),
     "THREAD_AFFINITY": HorovodVariable(WARNED, "pinning the background thread to cores is not "
                                        "implemented; use taskset or numactl"),
     "DISABLE_GROUP_FUSION": HorovodVariable(WARNED, "grouped ops may still be fused with other "
@@ -381,9 +583,6 @@ HOROVOD_VARIABLES = {
     "ENABLE_XLA_OPS": HorovodVariable(WARNED, "there are no XLA ops; compile Keras models with "
                                       "jit_compile=False", flag=True),
     "CONTROLLER": HorovodVariable(WARNED, _OUR_TRANSPORT, accepted=("gloo",)),
-    "CPU_OPERATIONS": HorovodVariable(HONOURED, "MPI: CPU collectives move their data through "
-                                      "MPI (jobs started by mpirun or init(comm=...)); gloo: "
-                                      "spark_hvd's own transport (the default)"),
     # Set by horovodrun / Horovod's Gloo launcher for each rank; read when the job is discovered.
     **{name: HorovodVariable(BOOTSTRAP, "set by horovodrun for each rank")
        for name in ("RANK", "SIZE", "LOCAL_RANK", "LOCAL_SIZE", "CROSS_RANK", "CROSS_SIZE",

@@ -294,6 +294,6 @@ def stop_timeline():
     closes its file (a valid JSON trace); stopping when none runs does nothing.
 
     The trace is rank 0's view: requests other ranks send before rank 0 stops are recorded,
-    so follow it with :func:`barrier` when later ops must be left out."""
+    so follow it with a ``barrier()`` when later ops must be left out."""
     _require_init()
     check(lib.shvd_stop_timeline())

@@ -79,7 +79,9 @@ class Store:
     Store are strings in the Store's own form (a local path for LocalStore, a full URL
     otherwise), as returned by the ``get_*`` methods and :meth:`join`.
 
-    Horovod's keywords (every subclass takes them):
+    Every subclass takes Horovod's keywords:
+
+    Keyword Args:
         train_path, val_path, test_path: where prepared training / validation / test data
             goes (default ``<prefix>/intermediate_train_data`` etc.); data set ``<key>`` is in
             ``<train_path>.<key>``. ``fit_on_parquet()`` reads ``train_path`` and ``val_path``

@@ -1,5 +1,7 @@
 """Keras 3 callbacks for data-parallel training (Horovod's, argument for argument).
 
+Typical use::
+
     callbacks = [
         hvd.callbacks.BroadcastGlobalVariablesCallback(0),  # same initial state everywhere
         hvd.callbacks.MetricAverageCallback(),              # epoch metrics averaged over ranks
@@ -146,7 +148,7 @@ class LearningRateScheduleCallback(keras.callbacks.Callback):
         initial_lr: the learning rate the multiplier applies to (usually scaled by size()).
         multiplier: a number (exponential decay: ``multiplier ** (epoch - start_epoch)``) or a
             function of the (fractional) epoch.
-        start_epoch / end_epoch: the epochs the schedule covers (end excluded; None: to the
+        start_epoch, end_epoch: the epochs the schedule covers (end excluded; None: to the
             end).
         staircase: change the rate at epoch starts only; otherwise every batch, with
             fractional epochs.

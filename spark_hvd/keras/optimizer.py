@@ -143,7 +143,7 @@ def DistributedOptimizer(optimizer, name=None, device_dense='', device_sparse=''
             and communicate once.
         average_aggregated_gradients: divide the accumulated gradients by
             ``backward_passes_per_step``.
-        num_groups / groups: split the gradients into that many grouped allreduces, or lists
+        num_groups, groups: split the gradients into that many grouped allreduces, or lists
             of variables reduced together.
         process_set: the ranks that average their gradients.
         scale_local_gradients: divide the gradients of variables registered with

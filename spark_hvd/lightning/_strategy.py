@@ -100,36 +100,44 @@ def _build(pl):
 
         @property
         def creates_processes_externally(self) -> bool:
+            """Always True, since the launcher or Spark started the ranks, not Lightning."""
             return True
 
         @property
-        def main_address(self) -> str:   # spark_hvd connects the ranks itself
+        def main_address(self) -> str:
+            """Not used, since spark_hvd connects the ranks itself."""
             return "127.0.0.1"
 
         @property
         def main_port(self) -> int:
+            """Not used (0), since spark_hvd connects the ranks itself."""
             return 0
 
         @staticmethod
         def detect() -> bool:
+            """True in a process whose spark_hvd job is initialized."""
             return hvd().is_initialized()
 
         def world_size(self) -> int:
+            """``hvd.size()``."""
             return hvd().size()
 
         def set_world_size(self, size: int) -> None:
-            pass   # fixed by the launcher
+            """Ignored: the launcher fixes the size."""
 
         def global_rank(self) -> int:
+            """``hvd.rank()``."""
             return hvd().rank()
 
         def set_global_rank(self, rank: int) -> None:
-            pass
+            """Ignored: the launcher fixes the ranks."""
 
         def local_rank(self) -> int:
+            """``hvd.local_rank()``."""
             return hvd().local_rank()
 
         def node_rank(self) -> int:
+            """``hvd.cross_rank()``: the host's index."""
             return hvd().cross_rank()
 
     class SparkHvdStrategy(strategies.ParallelStrategy):
@@ -159,29 +167,37 @@ def _build(pl):
 
         @property
         def root_device(self) -> torch.device:
-            # One device per process: Lightning gives the strategy this rank's device.
+            """This rank's device (one per process: the one Lightning gives the strategy),
+            else the CPU."""
             return self.parallel_devices[0] if self.parallel_devices else torch.device("cpu")
 
         @property
-        def is_distributed(self) -> bool:   # Lightning adds DistributedSamplers when True
+        def is_distributed(self) -> bool:
+            """True, so Lightning gives the data loaders DistributedSamplers."""
             return True
 
         @property
         def distributed_sampler_kwargs(self) -> dict:
+            """The samplers' ``num_replicas`` and ``rank``: spark_hvd's size and rank."""
             return {"num_replicas": self.world_size, "rank": self.global_rank}
 
         def setup_environment(self) -> None:
+            """Initializes spark_hvd when the script has not, and tells Lightning's
+            ``rank_zero_only`` this rank."""
             if not hvd().is_initialized():
                 hvd().init()
             set_rank_zero(pl, self.global_rank)
             super().setup_environment()
 
         def model_to_device(self) -> None:
+            """Moves the module to :attr:`root_device` (making a GPU the current one)."""
             if self.root_device.type == "cuda":
                 torch.cuda.set_device(self.root_device)
             self.model.to(self.root_device)
 
         def setup(self, trainer) -> None:
+            """For training: scales the learning rates when asked, broadcasts rank 0's weights
+            and optimizer states, and wraps each optimizer in ``DistributedOptimizer``."""
             super().setup(trainer)
             if not trainer.training:
                 return
@@ -214,6 +230,8 @@ def _build(pl):
                 backward_passes_per_step=accumulate_grad_batches)
 
         def optimizer_step(self, optimizer, closure, model=None, **kwargs):
+            """Runs the step with the averaged gradients: Lightning's
+            ``on_before_optimizer_step`` and gradient clipping see them."""
             inner = getattr(optimizer, "_optimizer", optimizer)
             if not hasattr(inner, "skip_synchronize"):
                 return super().optimizer_step(optimizer, closure, model, **kwargs)
@@ -229,6 +247,8 @@ def _build(pl):
                 return super().optimizer_step(optimizer, closure_then_average, model, **kwargs)
 
         def load_optimizer_state_dict(self, checkpoint) -> None:
+            """Loads the optimizers' states from ``checkpoint``, also into the optimizers
+            the ``DistributedOptimizer`` wrappers wrap (which LR schedulers hold)."""
             super().load_optimizer_state_dict(checkpoint)
             # Loading gives the wrapper new state and param_groups; the optimizer it wraps
             # (which LR schedulers hold) must keep sharing them, or schedules stop applying.
@@ -239,6 +259,8 @@ def _build(pl):
                                              param_groups=optimizer.param_groups)
 
         def reduce(self, tensor, group=None, reduce_op="mean"):
+            """Allreduces ``tensor`` over every rank (``self.log(..., sync_dist=True)``):
+            ``reduce_op`` mean, sum, max, min or product; other values pass through."""
             if group is not None:
                 raise ValueError("spark_hvd strategy: reduce over a process group is not "
                                  "supported; leave group unset")
@@ -257,13 +279,16 @@ def _build(pl):
             return hvd().allgather(tensor.unsqueeze(0))
 
         def broadcast(self, obj, src: int = 0):
+            """Rank ``src``'s ``obj`` on every rank (``broadcast_object``)."""
             return hvd().broadcast_object(obj, root_rank=src)
 
         def barrier(self, name=None, *args, **kwargs) -> None:
+            """``hvd.barrier()`` when there is more than one rank."""
             if hvd().is_initialized() and hvd().size() > 1:
                 hvd().barrier()
 
         def teardown(self) -> None:
+            """Lightning's teardown, then frees the CUDA cache on a GPU."""
             super().teardown()
             if self.root_device.type == "cuda":
                 torch.cuda.empty_cache()

@@ -69,9 +69,10 @@ def run(func, args=(), kwargs=None, num_proc=None, min_num_proc=None, max_num_pr
         hosts: ``"host1:2,host2:2"`` (or a list of such entries); ``hostfile``: a hostfile.
             Default ``localhost:num_proc``. Every host must be this machine (``localhost``,
             its names, 127.x addresses): the function travels through a local directory.
-        start_timeout, ssh_port, ssh_identity_file, output_filename, verbose,
-        network_interfaces (or the older ``network_interface``, comma-separated): as the
+        start_timeout, ssh_port, ssh_identity_file, output_filename, verbose: as the
             launcher's flags of the same names.
+        network_interfaces (or the older ``network_interface``; comma-separated): as the
+            launcher's ``--network-interfaces``.
         executable: the Python that runs the ranks (default ``sys.executable``).
         use_gloo, disable_cache: accepted; the ranks always use spark_hvd's own transport and
             there are no cached start-up checks to disable.

@@ -504,7 +504,10 @@ class RunController:
         # one to fail only lost its peer).
         errors = self.channel.errors()
         report = pick_failure(errors)
-        lost = self._lost or self._lost_hosts_ranks()
+        # Watching silent ranks for the heartbeat timeout only pays where the survivors merely
+        # lost their peers: a rank that raised is the cause whatever else was lost.
+        lost = self._lost or self._lost_hosts_ranks(
+            wait=report is None or report["kind"] == "internal")
         if lost and (report is None or report["kind"] == "internal"):
             # The lost host is the cause; the survivors only lost their peers.
             message = lost_ranks_message(lost, self.heartbeat_timeout)
@@ -530,17 +533,30 @@ class RunController:
         return RunError("the Spark job of spark_hvd.spark.run failed: "
                         + (first[0] if first else type(error).__name__))
 
-    def _lost_hosts_ranks(self) -> dict[int, dict]:
-        """When Spark failed the stage before the liveness watch's timeout: the ranks that,
-        after the others were given time to stop, neither ended nor reported, whose heartbeats
-        stopped for three intervals, and whose host has no live executor left (a task Spark
-        killed itself also goes silent, but its executor lives). Under Spark Connect, whose
-        client cannot list executors, silence alone."""
+    def _lost_hosts_ranks(self, wait: bool) -> dict[int, dict]:
+        """When the stage failed before the liveness watch's timeout: the ranks that, after
+        the others were given time to stop, neither ended nor reported and whose heartbeats
+        stopped, either for three intervals with no live executor left on their host, or for
+        the whole heartbeat timeout (Spark may not have noticed the lost executor yet: the
+        verdict the liveness watch would have given). With ``wait``, silent ranks are watched
+        until one of the two holds or they speak again, bounded by the heartbeat timeout;
+        without, only the first counts. Under Spark Connect, whose client cannot list
+        executors, three intervals of silence alone."""
+        deadline = time.monotonic() + self.heartbeat_timeout
         try:
             with self.channel.client() as client:
-                silent = self._silent_ranks(client, 3 * self.heartbeat_seconds)
+                while True:
+                    silent = self._silent_ranks(client, 3 * self.heartbeat_seconds)
+                    if not silent:
+                        return {}
+                    hosts = _session.executor_hosts(self.spark)
+                    if hosts is None:
+                        return silent
+                    lost = {r: beat for r, beat in silent.items()
+                            if beat.get("host") not in hosts
+                            or beat["silent"] >= self.heartbeat_timeout}
+                    if not wait or len(lost) == len(silent) or time.monotonic() >= deadline:
+                        return lost
+                    time.sleep(0.25)
         except RuntimeError:
             return {}
-        hosts = _session.executor_hosts(self.spark) if silent else None
-        return {r: beat for r, beat in silent.items()
-                if hosts is None or beat.get("host") not in hosts}

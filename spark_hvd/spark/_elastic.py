@@ -43,7 +43,7 @@ from spark_hvd.spark._channel import STDERR, STDOUT, DriverChannel
 from spark_hvd.spark._controller import check_ssl, network_interface, take_run_arguments
 from spark_hvd.spark._errors import RunError
 
-# The core's default (README, "failure bounds"): a silent slot task or worker is lost after it.
+# The core's default (docs/multi-host.md, "the failure bounds"): a silent slot task or worker is lost after it.
 DEFAULT_PEER_TIMEOUT_SECONDS = 25.0
 # How often discovery is asked again (a blacklisted executor comes back after its cooldown).
 DISCOVER_SECONDS = 1.0

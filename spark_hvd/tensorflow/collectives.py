@@ -367,6 +367,9 @@ def graph_ops():
                           "allreduce through tf.numpy_function (slower). Build it with `python "
                           "build.py` (or reinstall spark_hvd); SPARK_HVD_TF_OPS=0 silences this.")
         else:
+            # The library reads SPARK_HVD_TF_SYNC_KERNELS itself: the value as resolved here
+            # (HOROVOD_TF_SYNC_KERNELS too), before it loads.
+            os.environ["SPARK_HVD_TF_SYNC_KERNELS"] = "1" if env_flag("TF_SYNC_KERNELS") else "0"
             try:
                 _graph_ops = tf.load_op_library(_GRAPH_OPS_PATH)
                 if not hasattr(_graph_ops, "spark_hvd_allreduce"):

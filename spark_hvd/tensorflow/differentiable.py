@@ -94,7 +94,7 @@ def allreduce(tensor, average=None, device_dense='', device_sparse='',
         average: deprecated; ``True`` means op=Average, ``False`` op=Sum.
         compression: ``Compression.none`` or ``Compression.fp16`` (sent as float16).
         op: Average (default), Sum, Min, Max or Product.
-        prescale_factor / postscale_factor: multiply before / after the reduction.
+        prescale_factor, postscale_factor: multiply before / after the reduction.
         name: the op's name, identical on every rank (unnamed ops are numbered).
         process_set: the ranks taking part (default: all).
     """

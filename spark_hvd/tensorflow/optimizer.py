@@ -218,7 +218,7 @@ def DistributedOptimizer(optimizer, name=None, use_locking=False, device_dense='
             by ``size / factor`` after.
         average_aggregated_gradients: divide the accumulated gradients by
             ``backward_passes_per_step``.
-        num_groups / groups: split the gradients into grouped allreduces (see
+        num_groups, groups: split the gradients into grouped allreduces (see
             ``DistributedGradientTape``).
         process_set: the ranks that average their gradients.
         scale_local_gradients: divide the gradients of variables registered with the

@@ -65,7 +65,7 @@ def allreduce(tensor, average=None, name=None, compression=Compression.none, op=
             issue them in the same order).
         compression: ``Compression.none`` or ``Compression.fp16`` (sent as float16).
         op: Average (default), Sum, Min, Max or Product.
-        prescale_factor / postscale_factor: multiply before / after the reduction.
+        prescale_factor, postscale_factor: multiply before / after the reduction.
         process_set: the ranks taking part (default: all).
     """
     op = _reduce_op(op, average)

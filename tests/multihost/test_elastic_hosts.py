@@ -106,3 +106,49 @@ def test_rank0_host_lost(bed3, tmp_path):
     h0, h1, h2 = bed3.hosts
     job, ok = cut_link(bed3, tmp_path, h0, {h1.addr, h2.addr})
     assert {f["rank"]: f["wid"].split("/")[0] for f in ok} == {"0": h1.addr, "1": h2.addr}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("min_np", [2, 3])
+def test_host_back_after_a_link_cut(bed3, tmp_path, min_np):
+    """h2's link is cut mid-training. With --min-np 2 the survivors go on at size 2 from their
+    last commit; with --min-np 3 they wait (no deadlock, no progress). The link comes back
+    and h2, out for its cooldown (1-2 s), gets a new worker, which joins at the next reset:
+    the job is at size 3 again, the older hosts keeping ranks 0 and 1. At the end the three
+    agree bitwise and the loss went down."""
+    h0, h1, h2 = bed3.hosts
+    job = BedJob(bed3, tmp_path, ["--steps", 400, "--sleep", "0.05", "--timed"],
+                 {"SPARK_HVD_PEER_TIMEOUT_SECONDS": PEER_TIMEOUT,
+                  "SPARK_HVD_KILL_GRACE_SECONDS": "2"},
+                 ranks_per_host=1, worker=WORKER,
+                 launcher_args=["--min-np", str(min_np), "--max-np", "3",
+                                "--elastic-timeout", "60", "--blacklist-cooldown-range", "1",
+                                "2"])
+    job.wait_for(r"STEP rank=\d size=3 step=20 ", 3, timeout=120)
+    bed3.link_down(h2)
+    try:
+        if min_np == 2:
+            job.wait_for(r"STEP rank=\d size=2 ", 2, timeout=PEER_TIMEOUT + 30)
+        else:
+            job.wait_for(r"fewer than --min-np 3: waiting", 1, timeout=PEER_TIMEOUT + 30)
+            time.sleep(3)
+    finally:
+        bed3.link_up(h2)
+    shrunk = max(int(s["step"]) for s in fields(job, "STEP") if s["size"] == "3")
+    job.wait_for(r"STEP rank=2 size=3 ", 1, timeout=90)  # h2's new worker, back at size 3
+    rc = job.wait_exit(timeout=150)
+    assert rc == 0, job.describe()
+    ok = fields(job, "OK")
+    assert {f["size"] for f in ok} == {"3"} and len(ok) == 3, job.describe()
+    assert len({f["hash"] for f in ok}) == 1, job.describe()
+    ranks = {f["rank"]: f["wid"] for f in ok}
+    assert ranks["0"].startswith(h0.addr) and ranks["1"].startswith(h1.addr), ranks
+    assert ranks["2"].startswith(h2.addr) and not ranks["2"].endswith("/3"), ranks  # new spawn
+    steps = fields(job, "STEP")
+    assert [s for s in steps if s["size"] == "3" and int(s["step"]) > shrunk], job.describe()
+    if min_np == 3:
+        assert not [s for s in steps if s["size"] == "2"], job.describe()
+    losses = [float(s["loss"]) for s in steps if s["rank"] == "0"]
+    assert losses[-1] < losses[0] / 10, (losses[0], losses[-1])
+    job.assert_nothing_left(h2, timeout=40, ignore_sshd=True)

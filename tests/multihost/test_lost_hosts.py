@@ -150,8 +150,12 @@ class BedJob:
 
 def _assert_failed(job: BedJob, ranks, fault_at: float, bound: float) -> dict:
     """Each of ``ranks`` raised HorovodInternalError within ``bound`` s of ``fault_at``;
-    returns every rank's report."""
+    returns every rank's report. Waits for the reports until the bound has passed: the
+    launcher may exit (at the first rank's exit) before the others' reports are written."""
     errors = job.errors()
+    while not all(r in errors for r in ranks) and time.monotonic() < fault_at + bound + 1.0:
+        time.sleep(0.1)
+        errors = job.errors()
     for r in ranks:
         assert r in errors, f"rank {r} raised no HorovodInternalError\n{job.describe()}"
         took = errors[r]["at"] - fault_at

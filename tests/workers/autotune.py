@@ -15,7 +15,7 @@ import numpy as np
 import spark_hvd.numpy as hvd
 from spark_hvd.common import tuned_parameters
 from spark_hvd.common.objects import allgather_object
-from _wutil import Checks
+from _wutil import Checks, apply_rank_env
 
 SIZES = (1000, 20000, 3000, 50000, 700, 120000)  # float32 elements of each "gradient"
 
@@ -23,6 +23,7 @@ SIZES = (1000, 20000, 3000, 50000, 700, 120000)  # float32 elements of each "gra
 def main():
     steps = int(sys.argv[1])
     fixed_fusion = int(sys.argv[2]) if len(sys.argv) > 2 else None
+    apply_rank_env()  # ENV_OF_RANK_<r>: settings only rank r is given
     hvd.init()
     rank, size = hvd.rank(), hvd.size()
     c = Checks(rank)

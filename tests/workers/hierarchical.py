@@ -64,6 +64,11 @@ def check(c: Checks) -> None:
     tag = "gather"
     xs = [make_input(r, (1000 * (r + 1) + 13, 3), np.float32, tag) for r in range(n)]
     expect(tag, c.run(tag, hvd.allgather, xs[me], name=tag), np.concatenate(xs))
+    # Large enough that each lane's piece of a host's region crosses in several 4 MiB
+    # segments (pipelined with the sharing within the host), hosts with different numbers.
+    tag = "gather_big"
+    xs = [make_input(r, ((r + 1) * 1_500_000 + 7,), np.float32, tag) for r in range(n)]
+    expect(tag, c.run(tag, hvd.allgather, xs[me], name=tag), np.concatenate(xs))
 
     mine = np.stack(digests)
     every = c.run("digests", hvd.allgather, mine, name="digests")

@@ -85,10 +85,15 @@ def main():
         one_line = " ".join(str(e).split())
         report = (f"ERROR rank={rank} at={time.monotonic():.3f} called={called:.3f} ops={done} "
                   f"error={one_line}")
-        print(report, flush=True)
+        # The file first: once the launcher is gone (it stops when one rank exits), printing
+        # raises BrokenPipeError.
         if os.environ.get("REPORT_DIR"):
             with open(os.path.join(os.environ["REPORT_DIR"], f"rank{rank}.txt"), "w") as f:
                 f.write(report + "\n")
+        try:
+            print(report, flush=True)
+        except BrokenPipeError:
+            pass
         sys.exit(3)
     print(f"OK rank={rank} ops={done} seconds={time.monotonic() - start:.2f}", flush=True)
 

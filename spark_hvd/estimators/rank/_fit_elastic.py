@@ -54,14 +54,17 @@ class RankView:
 
 
 def train_epochs(hvd, model, optimizer, view: RankView, start_epoch: int, epochs: int,
-                 train_epoch) -> None:
+                 train_epoch, on_round=None) -> None:
     """``train_epoch(epoch)`` for the epochs ``start_epoch`` to ``epochs - 1`` under
-    ``hvd.elastic.run`` (see the module's docstring)."""
+    ``hvd.elastic.run`` (see the module's docstring). ``on_round()``, if given, runs when a
+    round's ranks start together (after the state's sync): collectives are safe there."""
     state = hvd.elastic.TorchState(model, optimizer, epoch=start_epoch,
                                    history=view.reporter.history)
 
     @hvd.elastic.run
     def train(state):
+        if on_round is not None:
+            on_round()
         while state.epoch < epochs:
             view.place(hvd.rank(), hvd.size(), state.history)
             train_epoch(state.epoch)

@@ -116,7 +116,8 @@ def select_device(torch, hvd, use_gpu: bool, note: bool = True):
     GPUs>``, which ``spark.run``'s binding makes one of the GPUs Spark gave the task (its own
     when it has one GPU); else the CPU, with one line from rank 0 if ranks given GPUs fell back
     (see :func:`_training.note_cpu_fallback`). Every rank calls it (a collective with
-    ``use_gpu``; not with ``note=False``: an elastic fit's newcomer cannot call one)."""
+    ``use_gpu``; not with ``note=False``: an elastic fit's newcomer cannot call one here, so
+    the fit notes at the start of each round instead)."""
     from spark_hvd.estimators.rank import _training
     on_gpu = use_gpu and torch.cuda.is_available()
     if note:
@@ -259,8 +260,11 @@ def train_on_rank(config, resume):
 
     try:
         if elastic:
+            def on_round():
+                _training.note_cpu_fallback(hvd, config["use_gpu"], device.type == "cuda",
+                                            _training.TORCH_NO_CUDA)
             _fit_elastic.train_epochs(hvd, model, optimizer, view, start_epoch, epochs,
-                                      train_epoch)
+                                      train_epoch, on_round=on_round)
         else:
             for epoch in range(start_epoch, epochs):
                 train_epoch(epoch)

@@ -74,19 +74,25 @@ TORCH_NO_CUDA = ("torch.cuda.is_available() is False (a CPU-only build of torch,
                  "driver on the executors)")
 
 
+_cpu_fallback_noted = False   # a process prints the note once, though an elastic fit asks each round
+
+
 def note_cpu_fallback(hvd, use_gpu: bool, on_gpu: bool, why: str) -> None:
     """With ``use_gpu``, rank 0 prints one line (on its stderr, which reaches the driver) when
     ranks that were given GPUs (a non-empty ``CUDA_VISIBLE_DEVICES``, as ``spark.run`` sets
     from Spark's GPU scheduling) train on the CPU because ``why`` (the framework finds no
     usable GPU). ``use_gpu`` means "on the GPU when there is one": the fit goes on. Ranks
     without GPUs (a cluster without GPU scheduling or GPUs) are not mentioned. A collective:
-    every rank calls it, with the same ``use_gpu``."""
+    every rank calls it, with the same ``use_gpu`` (an elastic fit: at the start of each round,
+    when the round's ranks, newcomers included, are together)."""
+    global _cpu_fallback_noted
     if not use_gpu:
         return
     import sys
     seen = hvd.allgather_object((on_gpu, os.environ.get("CUDA_VISIBLE_DEVICES") or ""))
     fallen = [(r, visible) for r, (gpu, visible) in enumerate(seen) if not gpu and visible]
-    if hvd.rank() == 0 and fallen:
+    if hvd.rank() == 0 and fallen and not _cpu_fallback_noted:
+        _cpu_fallback_noted = True
         ranks = ", ".join(str(r) for r, _ in fallen)
         visible = "; ".join(f"rank {r}: {v}" for r, v in fallen)
         print(f"spark_hvd estimator: use_gpu=True but rank(s) {ranks} train on the CPU: they "
