@@ -6,7 +6,7 @@ NP      ?= 2
 PYTEST  := $(PY) -m pytest tests -v --timeout=600 -p no:cacheprovider --durations=30
 PYTEST_ARGS ?=
 
-.PHONY: all setup build build-debug demo docs docs-serve test test-fast test-slow test-gpu bench \
+.PHONY: all setup build build-debug wheel demo docs docs-serve test test-fast test-slow test-gpu bench \
         clean distclean
 
 all: build
@@ -19,6 +19,19 @@ build: setup
 
 build-debug: setup
 	$(PY) build.py --debug
+
+# The manylinux wheel: built with zig's clang for glibc 2.28 (no system compiler in the wheel's
+# libraries, LLVM's C++ runtime linked in privately), the torch allocator for the venv's torch and
+# every torch wheel file named in TORCH_WHEELS (colon-separated), into build/wheel/dist/; then
+# scripts/check_wheel.py: auditwheel repair confirms manylinux_2_28 with MPI and the frameworks
+# excluded and grafts nothing, the libraries' exports, glibc and run paths; auditwheel's wheel
+# goes to dist/.
+TORCH_WHEELS ?=
+wheel: setup
+	rm -rf build/wheel/dist dist/spark_hvd-*.whl
+	SPARK_HVD_TOOLCHAIN=zig SPARK_HVD_TORCH_WHEELS="$(TORCH_WHEELS)" \
+	  $(PY) -m pip wheel --no-deps --no-build-isolation -w build/wheel/dist .
+	$(PY) scripts/check_wheel.py --out dist build/wheel/dist/spark_hvd-*.whl
 
 # The headline: a Pipeline with a TorchEstimator fitted on a generated DataFrame in local Spark,
 # test accuracy printed, the PipelineModel saved and reloaded.

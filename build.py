@@ -11,8 +11,11 @@ and, where mpicxx finds MPI, the MPI plugin (native/mpi/plugin/) into libspark_h
     python build.py --no-tensorflow --no-torch --no-mpi   # the core only
     python build.py -j 4 -v       # 4 parallel compiles, print every command
     python build.py --no-smoke-test   # cross builds: a library this machine cannot run
+    python build.py --zig         # the wheel's toolchain: zig's clang for glibc 2.28 (ziglang)
 
-Environment: CXX (compiler, default g++), CXXFLAGS / LDFLAGS (appended), SPARK_HVD_BUILD_JOBS,
+Environment: CXX (compiler, default g++), SPARK_HVD_TOOLCHAIN=zig (as --zig; the torch
+allocator is still built with g++ or SPARK_HVD_TORCH_CXX: torch's classes hold libstdc++'s types),
+SPARK_HVD_TORCH_WHEELS (torch wheel files to build more torch minors' allocators from), CXXFLAGS / LDFLAGS (appended), SPARK_HVD_BUILD_JOBS,
 SPARK_HVD_NATIVE_DIR (source tree, default ./native; used for testing the build itself),
 SPARK_HVD_SKIP_SMOKE_TEST=1 (as --no-smoke-test), MPICXX (the MPI compiler wrapper).
 
@@ -25,12 +28,14 @@ the libraries.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from native_build import (FRAMEWORK_LIBRARIES, BuildError, build, build_framework_library,
                           build_mpi_plugin, build_test_program, clean)
 from native_build.layout import LIB_NAME
 from native_build.smoke import SKIP_SMOKE_TEST_ENV
+from native_build.toolchain import TOOLCHAIN_ENV
 
 __all__ = ["BuildError", "FRAMEWORK_LIBRARIES", "build", "build_framework_library",
            "build_mpi_plugin", "build_test_program", "clean", "main"]
@@ -53,11 +58,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--src", default=None, help="source tree (default native/)")
     ap.add_argument("--build-dir", default=None, help="object directory (default build/native/)")
     ap.add_argument("--output", default=None, help=f"library path (default spark_hvd/_core/{LIB_NAME})")
+    ap.add_argument("--zig", action="store_true",
+                    help="build with zig's clang for glibc 2.28 (the manylinux wheel's toolchain; "
+                         "needs the ziglang package; also SPARK_HVD_TOOLCHAIN=zig)")
     ap.add_argument("--no-smoke-test", action="store_true",
                     help="install the core without running two processes with it first (cross "
                          f"builds; also {SKIP_SMOKE_TEST_ENV}=1)")
     args = ap.parse_args(argv)
 
+    if args.zig:
+        os.environ[TOOLCHAIN_ENV] = "zig"
     if args.clean:
         clean(args.build_dir, args.output, args.quiet)
         return 0

@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import json
 import os
 import shutil
+import subprocess
 import time
 from pathlib import Path
 
@@ -26,8 +28,9 @@ from .layout import (API_SOURCES, DEFAULT_BUILD, DEFAULT_OUT, HEADER_SUFFIXES, L
                      MPI_PLUGIN_DIR, exports_map, source_dir)
 from .smoke import SKIP_SMOKE_TEST_ENV, run_smoke_test
 from .toolchain import (API_SOURCE_FLAGS, ASAN_FLAGS, BASE_FLAGS, DEBUG_FLAGS, HIDDEN_FLAGS,
-                        LINK_LIBS, RELEASE_FLAGS, BuildError, compile_object, compiler,
-                        compiler_version, display, env_flags, lock, log, produce)
+                        LINK_LIBS, RELEASE_FLAGS, STRIP_FLAGS, BuildError, compile_object,
+                        compiler, compiler_version, display, env_flags, lock, log, produce,
+                        strip_libraries, TOOLCHAIN_ENV, ZIG_GLIBC, zig_toolchain)
 
 # Standalone test programs (with their own main) live in tests/ and are built by their tests
 # (cpp_tests.py); tensorflow/ and torch/ hold the framework libraries (frameworks.py), not the
@@ -135,6 +138,10 @@ def build(
     cxx = compiler()
     if shutil.which(cxx[0]) is None:
         raise BuildError(f"C++ compiler {cxx[0]!r} not found; install g++ or set CXX")
+    if len(cxx) > 2 and cxx[1:3] == ["-m", "ziglang"] and subprocess.run(
+            cxx[:3] + ["version"], capture_output=True).returncode != 0:
+        raise BuildError(f"{TOOLCHAIN_ENV}=zig needs the ziglang package in {cxx[0]} "
+                         "(pip install ziglang)")
     version = compiler_version(tuple(cxx))
     log(f"compiler: {version} (CXX={' '.join(cxx)})", quiet)
     exports = exports_map(src_dir)
@@ -152,6 +159,7 @@ def build(
         + ["-shared", f"-Wl,-soname,{LIB_NAME}", "-Wl,--no-undefined",
            f"-Wl,--version-script={exports}"]
         + (ASAN_FLAGS if asan else [])
+        + (STRIP_FLAGS if strip_libraries() and not debug else [])
         + env_flags("LDFLAGS")
     )
 
@@ -226,9 +234,12 @@ def build(
         if need_link:
             produce(link_cmd, output, "linking", verbose, verify if smoke_test else None)
             link_stamp.write_text(link_sig)
+            write_build_info(output, version)
             log(f"linked {display(output)} in {time.monotonic() - t0:.1f}s", quiet)
         else:
             log(f"{display(output)} up to date", quiet)
+            if not (output.parent / BUILD_INFO).exists():
+                write_build_info(output, version)
             if smoke_test and _read(smoke_stamp) != _file_identity(output):
                 try:
                     verify(output)
@@ -243,6 +254,17 @@ def build(
         else:
             log("smoke test skipped (--no-smoke-test / SPARK_HVD_SKIP_SMOKE_TEST)", quiet)
     return output
+
+
+BUILD_INFO = "build_info.json"
+
+
+def write_build_info(core: Path, compiler_line: str) -> None:
+    """Records next to the core which compiler built it, for ``spark-hvd-run --check-build``."""
+    info = {"compiler": compiler_line,
+            "toolchain": "zig" if zig_toolchain() else "cxx",
+            "glibc": ZIG_GLIBC if zig_toolchain() else None}
+    (core.parent / BUILD_INFO).write_text(json.dumps(info) + "\n")
 
 
 def _read(path: Path) -> str | None:

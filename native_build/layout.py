@@ -13,8 +13,10 @@ from .toolchain import BuildError, display, log
 ROOT = Path(__file__).resolve().parents[1]  # the repository: build.py, native/, spark_hvd/
 LIB_NAME = "libspark_hvd_core.so"
 TF_LIB_NAME = "libspark_hvd_tf.so"
-TORCH_LIB_NAME = "libspark_hvd_torch.so"
-MPI_LIB_NAME = "libspark_hvd_mpi.so"
+# One per torch minor (frameworks.py), e.g. libspark_hvd_torch_2_13.so.
+TORCH_LIB_PATTERN = "libspark_hvd_torch_{major}_{minor}.so"
+# One per MPI ABI (mpi_plugin.py): Open MPI's libmpi.so.40, MPICH's libmpi.so.12.
+MPI_LIB_PATTERN = "libspark_hvd_mpi_{abi}.so"
 DEFAULT_SRC = ROOT / "native"
 DEFAULT_BUILD = ROOT / "build" / "native"
 DEFAULT_OUT = ROOT / "spark_hvd" / "_core" / LIB_NAME
@@ -52,8 +54,7 @@ def clean(build_dir: str | os.PathLike | None = None, output: str | os.PathLike 
     if build_root.exists():
         shutil.rmtree(build_root)
         log(f"removed {display(build_root)}", quiet)
-    for lib in (output, output.parent / TF_LIB_NAME, output.parent / TORCH_LIB_NAME,
-                output.parent / MPI_LIB_NAME):
+    for lib in [output] + sorted(output.parent.glob("libspark_hvd_*.so")):
         if lib.exists():
             lib.unlink()
             log(f"removed {display(lib)}", quiet)

@@ -55,22 +55,30 @@ if [ "${SPARK_HVD_SKIP_APT:-0}" != "1" ]; then
     as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
       openjdk-17-jre-headless procps
   fi
-  # MPICH's process manager (mpiexec.hydra) for the tests that start jobs with it
-  # (tests/test_launcher_envs.py; they are skipped without it). Only the `mpich` package: without
-  # libmpich-dev nothing offers another mpicc, and should its mpirun alternative outrank Open
-  # MPI's on some distribution, the previous choice is put back, so mpirun and mpicc stay Open
-  # MPI's. Optional: a failed install only skips those tests.
-  if ! command -v mpiexec.hydra >/dev/null 2>&1; then
-    log "installing MPICH's mpiexec.hydra (mpich) for the launcher tests"
-    mpirun_before="$(update-alternatives --query mpirun 2>/dev/null | awk '/^Value:/ {print $2}')"
+  # MPICH: its process manager (mpiexec.hydra) for the tests that start jobs with it
+  # (tests/test_launcher_envs.py; they are skipped without it), and its headers (libmpich-dev)
+  # for the MPI plugin's MPICH build (libspark_hvd_mpi_mpich.so; the wheel carries one per MPI
+  # ABI). Debian's alternatives would let MPICH's mpirun, mpicc or MPI headers outrank Open
+  # MPI's on some distribution: each previous choice is put back, so mpirun, mpicc and the
+  # default headers stay Open MPI's. Optional: a failed install only skips those tests and the
+  # MPICH plugin.
+  if ! command -v mpiexec.hydra >/dev/null 2>&1 || ! command -v mpicxx.mpich >/dev/null 2>&1; then
+    log "installing MPICH (mpich libmpich-dev) for the launcher tests and the MPICH plugin"
+    alternatives="mpirun mpi mpi-$(gcc -dumpmachine 2>/dev/null || echo x86_64-linux-gnu)"
+    declare -A before=()
+    for a in $alternatives; do
+      before[$a]="$(update-alternatives --query "$a" 2>/dev/null | awk '/^Value:/ {print $2}')"
+    done
     if as_root apt-get update -q && as_root env DEBIAN_FRONTEND=noninteractive \
-        apt-get install -y -q --no-install-recommends mpich; then
-      mpirun_now="$(update-alternatives --query mpirun 2>/dev/null | awk '/^Value:/ {print $2}')"
-      if [ -n "$mpirun_before" ] && [ "$mpirun_now" != "$mpirun_before" ]; then
-        as_root update-alternatives --set mpirun "$mpirun_before"
-      fi
+        apt-get install -y -q --no-install-recommends mpich libmpich-dev; then
+      for a in $alternatives; do
+        now="$(update-alternatives --query "$a" 2>/dev/null | awk '/^Value:/ {print $2}')"
+        if [ -n "${before[$a]}" ] && [ "$now" != "${before[$a]}" ]; then
+          as_root update-alternatives --set "$a" "${before[$a]}"
+        fi
+      done
     else
-      log "could not install mpich: the MPICH (Hydra) launcher tests will be skipped"
+      log "could not install MPICH: the MPICH (Hydra) launcher tests and the MPICH plugin are skipped"
     fi
   fi
   # The multi-host test bed (tests/multihost): network namespaces and tc from iproute2, and

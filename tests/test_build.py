@@ -80,8 +80,7 @@ def test_static_runtime_build_exports_only_c_api(static_runtime_tree):
     ldd = subprocess.run(["ldd", str(core)], capture_output=True, text=True).stdout
     assert "libstdc++" not in ldd, f"the runtime was not linked statically:\n{ldd}"
     assert_exports_only_c_api(core)
-    torch_lib = core.parent / "libspark_hvd_torch.so"
-    if torch_lib.exists():  # built when torch is importable
+    for torch_lib in core.parent.glob("libspark_hvd_torch_*.so"):  # built when torch imports
         assert_exports_only_c_api(torch_lib)
 
 
@@ -134,7 +133,7 @@ def test_static_runtime_build_runs_multi_rank_torch_job(static_runtime_tree, tmp
     result = run_job(2, str(script), str(static_runtime_tree), timeout=180,
                      env={"PYTHONPATH": str(static_runtime_tree)}, transport="shm")
     result.assert_ok(2)
-    if (static_runtime_tree / "spark_hvd" / "_core" / "libspark_hvd_torch.so").exists():
+    if list((static_runtime_tree / "spark_hvd" / "_core").glob("libspark_hvd_torch_*.so")):
         assert all(int(result.field(r, "inplace")) > 0 for r in range(2)), result.describe()
 
 
@@ -171,6 +170,54 @@ def test_default_build_exports_only_c_api():
     core = REPO / "spark_hvd" / "_core" / CORE
     assert core.exists(), f"{core} is not built: run `python build.py`"
     assert_exports_only_c_api(core)
-    torch_lib = core.parent / "libspark_hvd_torch.so"
-    if torch_lib.exists():
+    for torch_lib in core.parent.glob("libspark_hvd_torch_*.so"):
         assert_exports_only_c_api(torch_lib)
+
+
+def test_torch_build_config_is_kept_per_installation(tmp_path):
+    """build.py asks torch for its compile flags once per installation (importing it takes
+    seconds on every build otherwise): a saved answer for this installation is used as is, one
+    saved for another installation is replaced by the real flags."""
+    import json
+    pytest.importorskip("torch")
+    sys.path.insert(0, str(REPO))
+    try:
+        from native_build.frameworks import framework_config
+    finally:
+        sys.path.pop(0)
+    first = framework_config("torch", sys.executable, tmp_path)
+    assert first and first["version"] and any(f.startswith("-I") for f in first["compile"])
+    saved = json.loads((tmp_path / "torch_config.json").read_text())
+    assert saved["config"] == first
+    # The saved answer is what the next build uses (a marker proves nothing was imported).
+    saved["config"] = dict(first, version="marker")
+    (tmp_path / "torch_config.json").write_text(json.dumps(saved))
+    assert framework_config("torch", sys.executable, tmp_path)["version"] == "marker"
+    # Another installation (here: another __init__ size) is asked again.
+    saved["identity"][2] += 1
+    (tmp_path / "torch_config.json").write_text(json.dumps(saved))
+    assert framework_config("torch", sys.executable, tmp_path) == first
+
+
+def test_torch_allocator_flags_from_a_wheel_file(tmp_path):
+    """SPARK_HVD_TORCH_WHEELS: a torch wheel file gives the headers and libc10.so of its
+    version, unpacked once, and the allocator's file name carries its minor."""
+    import zipfile
+    sys.path.insert(0, str(REPO))
+    try:
+        from native_build.frameworks import _torch_from_wheel, torch_library_name
+    finally:
+        sys.path.pop(0)
+    wheel = tmp_path / "torch-9.8.1+cu130-cp311-cp311-manylinux_2_28_x86_64.whl"
+    with zipfile.ZipFile(wheel, "w") as z:
+        z.writestr("torch/include/c10/core/Allocator.h", "// header\n")
+        z.writestr("torch/lib/libc10.so", "ELF")
+        z.writestr("torch/lib/libtorch_cpu.so", "not needed")
+    got = _torch_from_wheel(wheel, tmp_path / "build")
+    unpacked = tmp_path / "build" / "torch-9.8.1+cu130" / "torch"
+    assert got["version"] == "9.8.1+cu130"
+    assert f"-I{unpacked / 'include'}" in got["compile"] and "-lc10" in got["link"]
+    assert (unpacked / "lib" / "libc10.so").exists()
+    assert not (unpacked / "lib" / "libtorch_cpu.so").exists()
+    assert torch_library_name(got["version"]) == "libspark_hvd_torch_9_8.so"
+    assert _torch_from_wheel(tmp_path / "not-a-torch.whl", tmp_path / "build") is None

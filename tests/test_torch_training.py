@@ -5,6 +5,8 @@ state (SGD, Adam, AdamW, RMSprop, Adagrad, Adadelta, LBFGS) and objects, SyncBat
 a single-process reference, model parallelism, the timeline; join() with uneven data;
 gradients in shared arenas."""
 
+import os
+
 import pytest
 
 
@@ -66,3 +68,34 @@ def test_torch_gradient_buckets_do_not_change_results(job):
         run.assert_ok(2)
         weights[bucket] = {run.field(rank, "weights") for rank in range(2)}
     assert len(set.union(*weights.values())) == 1, weights
+
+
+@pytest.mark.timeout(200)
+def test_torch_without_an_allocator_for_this_torch(job, tmp_path):
+    """An installation with no allocator library for the running torch's minor (a wheel built
+    for other minors): spark_hvd.torch says so once on the spark_hvd logger (INFO) and copies
+    gradients through the shared segment instead; training gives the same weights."""
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+    repo = Path(__file__).resolve().parents[1]
+    shutil.copytree(repo / "spark_hvd", tmp_path / "spark_hvd",
+                    ignore=shutil.ignore_patterns("__pycache__", "libspark_hvd_torch_*.so"))
+    probe = subprocess.run(
+        [sys.executable, "-c", "import logging; logging.basicConfig(level=logging.INFO); "
+         "from spark_hvd.torch import shared_gradients as s; print(s._library())"],
+        capture_output=True, text=True, timeout=120, cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(tmp_path)})
+    assert probe.returncode == 0 and probe.stdout.strip() == "None", probe.stderr
+    assert "no shared-gradient allocator for torch" in probe.stderr, probe.stderr
+    assert probe.stderr.count("shared-gradient allocator") == 1, probe.stderr
+    without = job(2, "shared_arenas", "--mode", "torch", transport="shm", timeout=90,
+                  env={"PYTHONPATH": str(tmp_path)})
+    without.assert_ok(2)
+    shared = job(2, "shared_arenas", "--mode", "torch", transport="shm", timeout=90)
+    shared.assert_ok(2)
+    for rank in range(2):
+        assert int(without.field(rank, "inplace")) == 0, without.describe()
+        assert int(shared.field(rank, "inplace")) > 0, shared.describe()
+        assert without.field(rank, "weights") == shared.field(rank, "weights")

@@ -7,11 +7,25 @@
 
 namespace shvd {
 
+namespace {
+
+// Equal sizes and bytes, with no memcmp call for empty ones (libc++'s == calls it regardless;
+// the response cache compares every cached request's strings and vectors once per op, so on
+// the small-allreduce path those calls showed as a few percent of the wheel's core).
+template <class C>
+bool same_contents(const C& a, const C& b) {
+  return a.size() == b.size() &&
+         (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(a[0])) == 0);
+}
+
+}  // namespace
+
 bool Request::same_params(const Request& o) const {
-  return op == o.op && name == o.name && dtype == o.dtype && shape == o.shape &&
-         reduce_op == o.reduce_op && prescale == o.prescale && postscale == o.postscale &&
-         root == o.root && process_set == o.process_set && splits == o.splits &&
-         group == o.group && group_size == o.group_size && on_gpu == o.on_gpu;
+  return op == o.op && dtype == o.dtype && reduce_op == o.reduce_op &&
+         prescale == o.prescale && postscale == o.postscale && root == o.root &&
+         process_set == o.process_set && group_size == o.group_size && on_gpu == o.on_gpu &&
+         same_contents(name, o.name) && same_contents(shape, o.shape) &&
+         same_contents(splits, o.splits) && same_contents(group, o.group);
 }
 
 bool fusable_allreduces(const Response& a, const Response& b) {

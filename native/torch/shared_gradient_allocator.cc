@@ -4,8 +4,10 @@
 // the core reduces it in place there instead of copying it through the shared segment (see
 // native/algorithms/shared_arenas.h). Everything else goes to torch's allocator untouched.
 //
-// Built against torch's c10 headers into libspark_hvd_torch.so; it knows nothing of the core
-// but the two functions Python hands it (shvd_shared_alloc and shvd_shared_free).
+// Built against torch's c10 headers, once per torch minor (c10::Allocator is torch's C++ class:
+// its layout may change between minors), into libspark_hvd_torch_<major>_<minor>.so;
+// spark_hvd.torch loads the one that matches the torch it runs with, or none. It knows nothing
+// of the core but the two functions Python hands it (shvd_shared_alloc and shvd_shared_free).
 #include <c10/core/Allocator.h>
 #include <c10/core/CPUAllocator.h>
 
@@ -68,17 +70,18 @@ extern "C" {
 
 // Installs the wrapper around torch's current CPU allocator (once; later calls only check).
 // Returns 0, or -1 when torch kept another allocator (one installed with a higher priority).
+// A function-local static, not std::call_once: that needs pthread_once of glibc 2.34, and the
+// wheel's libraries keep to manylinux_2_28.
 int32_t shvd_torch_install_allocator(void* alloc_fn, void* free_fn) {
-  static std::once_flag once;
-  static SharedGradientAllocator* wrapper = nullptr;
-  std::call_once(once, [&] {
+  static SharedGradientAllocator* const wrapper = [&] {
     g_alloc = reinterpret_cast<AllocFn>(alloc_fn);
     g_free = reinterpret_cast<FreeFn>(free_fn);
     c10::Allocator* inner = c10::GetCPUAllocator();
     g_inner_raw_deleter = inner->raw_deleter();
-    wrapper = new SharedGradientAllocator(inner);  // lives as long as the process
-    c10::SetCPUAllocator(wrapper, /*priority=*/1);
-  });
+    auto* w = new SharedGradientAllocator(inner);  // lives as long as the process
+    c10::SetCPUAllocator(w, /*priority=*/1);
+    return w;
+  }();
   return c10::GetCPUAllocator() == wrapper ? 0 : -1;
 }
 

@@ -179,6 +179,12 @@ SETTINGS = {
         True, "`0`: torch gradients stay in torch's own memory, and tensors in shared arenas "
         "are not reduced in place (`0` on any rank turns the latter off for its whole process "
         "set)", _FRAMEWORKS, see="guides/pytorch.md#gradients-in-shared-memory"),
+    "TF_SYNC_KERNELS": Setting(
+        False, "`1`: the TensorFlow op library's kernels wait for their collectives before they "
+        "return (its fallback where TensorFlow's done callbacks cannot be kept); a "
+        "`tf.compat.v1` Session graph whose independent collectives the ranks start in "
+        "different orders then ends with the deadlock error", _FRAMEWORKS,
+        see="installing.md"),
     "GRADIENT_BUCKET_BYTES": Setting(
         None, "torch `DistributedOptimizer`: small gradients submitted together (0 = one by "
         "one); CUDA gradients use torch DDP's 25 MiB buckets, since each NCCL collective costs "

@@ -4,9 +4,11 @@ The native core moves collectives' data over its own TCP/shared-memory transport
 bootstrapped through MPI (``mpirun``, or ``init(comm=...)`` with an mpi4py communicator or a list
 of ``MPI_COMM_WORLD`` ranks), ``HOROVOD_CPU_OPERATIONS=MPI`` makes it run allreduce, allgather,
 broadcast, alltoall and reducescatter through MPI instead, on a communicator of each process
-set's members; negotiation stays the core's own. The MPI calls live in a plugin
-(``_core/libspark_hvd_mpi.so``, built where MPI's headers are installed) that the core loads at
-init, using the libmpi mpi4py already loaded and initialised.
+set's members; negotiation stays the core's own. The MPI calls live in a plugin that the core
+loads at init, using the libmpi mpi4py already loaded and initialised: one per MPI ABI
+(``_core/libspark_hvd_mpi_openmpi.so`` for Open MPI's libmpi.so.40,
+``_core/libspark_hvd_mpi_mpich.so`` for MPICH's libmpich.so.12), built where that MPI's headers
+are installed, and chosen by the MPI that mpi4py loaded, as mpi4py's wheels do.
 
 Here: whether the plugin is built and loads (``mpi_built()``), the checks before init (every
 rank asks for the same thing, MPI can take calls from the core's thread), the options the core
@@ -23,7 +25,8 @@ from . import _config
 
 # shvd_init_options.cpu_operations (SHVD_CPU_OPERATIONS_* of spark_hvd.h).
 _NATIVE_CODES = {_config.CPU_OPERATIONS_DEFAULT: 0, _config.CPU_OPERATIONS_MPI: 1}
-PLUGIN_NAME = "libspark_hvd_mpi.so"
+PLUGIN_PATTERN = "libspark_hvd_mpi_{abi}.so"
+ABIS = ("openmpi", "mpich")
 COUNT_NAMES = ("allreduce", "allgather", "broadcast", "alltoall", "reducescatter")
 
 # Whether the running job's CPU collectives go through MPI, and MPI's thread level then
@@ -31,10 +34,26 @@ COUNT_NAMES = ("allreduce", "allgather", "broadcast", "alltoall", "reducescatter
 _state = {"enabled": False, "thread_level": None, "comm": None}
 
 
-def plugin_path():
-    """Where build.py puts the plugin: next to the core."""
+def mpi_abi():
+    """"openmpi" or "mpich": the ABI of the MPI that mpi4py loads (Intel MPI and MVAPICH are
+    MPICH's), or None when mpi4py is not importable or names another MPI."""
+    try:
+        from mpi4py import MPI
+        version = MPI.Get_library_version()
+    except Exception:  # no mpi4py, or no MPI library for it
+        return None
+    if "Open MPI" in version:
+        return "openmpi"
+    if any(name in version for name in ("MPICH", "Intel(R) MPI", "MVAPICH")):
+        return "mpich"
+    return None
+
+
+def plugin_path(abi=None):
+    """Where build.py puts the plugin for ``abi`` (default: mpi4py's MPI's; Open MPI's when
+    that is unknown): next to the core."""
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    return os.path.join(here, "_core", PLUGIN_NAME)
+    return os.path.join(here, "_core", PLUGIN_PATTERN.format(abi=abi or mpi_abi() or ABIS[0]))
 
 
 @functools.lru_cache(maxsize=None)
@@ -44,8 +63,8 @@ def _plugin():
     path = plugin_path()
     if not os.path.exists(path):
         return None, (f"spark_hvd's MPI plugin is not built ({path} is missing: build.py builds "
-                      "it where mpicxx and MPI's headers are installed, e.g. Debian's "
-                      "libopenmpi-dev)")
+                      "one per MPI whose headers are installed, e.g. Debian's libopenmpi-dev or "
+                      "libmpich-dev)")
     try:
         lib = ctypes.CDLL(path)
         lib.shvd_mpi_plugin_counts.restype = ctypes.c_int32

@@ -6,8 +6,11 @@ it, reports only what can be seen from outside: importable frameworks and mpirun
 
 from __future__ import annotations
 
+import glob
 import importlib
 import importlib.util
+import json
+import os
 import shutil
 
 
@@ -89,7 +92,38 @@ def check_build_report() -> str:
         lines.append(f"native core: not loadable ({problem}); [?] marks what it would answer")
     else:
         lines.append(f"CUDA tensors: {_gpu_report()}")
+    lines += _binaries_report()
     return "\n".join(lines)
+
+
+def _binaries_report() -> list[str]:
+    """Which binaries this installation uses: the core (where, built by which compiler: the
+    manylinux wheel's zig build or a from-source build) and the libraries beside it."""
+    spec = importlib.util.find_spec("spark_hvd")
+    if spec is None or not spec.submodule_search_locations:
+        return []
+    core_dir = os.path.join(list(spec.submodule_search_locations)[0], "_core")
+    try:
+        with open(os.path.join(core_dir, "build_info.json")) as fh:
+            info = json.load(fh)
+    except (OSError, ValueError):
+        info = {}
+    if info.get("toolchain") == "zig":
+        how = (f"{info.get('compiler')} via zig, for glibc {info.get('glibc')} and later "
+               "(the manylinux wheel's build)")
+    else:
+        how = f"{info.get('compiler', 'unknown compiler')}, built from source for this machine"
+    libs = sorted(os.path.basename(p) for p in glob.glob(os.path.join(core_dir, "*.so")))
+
+    def minors(prefix):
+        return [n[len(prefix):-3].replace("_", ".") for n in libs if n.startswith(prefix)]
+    tf = "libspark_hvd_tf.so" in libs
+    return [
+        f"native core: {os.path.join(core_dir, 'libspark_hvd_core.so')} ({how})",
+        f"TensorFlow op library: {'yes (TensorFlow C API, 2.16+)' if tf else 'no'}",
+        f"torch shared-gradient allocator for torch: {', '.join(minors('libspark_hvd_torch_')) or 'none'}",
+        f"MPI plugins: {', '.join(minors('libspark_hvd_mpi_')) or 'none'}",
+    ]
 
 
 def _gpu_report() -> str:

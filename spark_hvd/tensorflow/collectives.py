@@ -353,22 +353,23 @@ _graph_ops = None  # the loaded op module; False once found unavailable
 def graph_ops():
     """The ``SparkHvdAllreduce`` op library, or None: graphs then use ``tf.numpy_function``.
 
-    None when ``SPARK_HVD_TF_OPS=0``, when it was not built (TensorFlow was not importable at
-    build time) or when it does not load (built against another TensorFlow: a warning says to
-    rebuild)."""
+    None when ``SPARK_HVD_TF_OPS=0``, when it was not built, or when it does not load (a
+    warning says why). It is built on TensorFlow's C API, so one build serves TensorFlow 2.16
+    and later."""
     global _graph_ops
     if _graph_ops is None:
         _graph_ops = False
         if not env_flag("TF_OPS", True):
             pass
         elif not os.path.exists(_GRAPH_OPS_PATH):
-            # E.g. a wheel built where TensorFlow was not importable: works, 2-4 ms slower per
-            # step for a model of 10 MB of gradients.
+            # Works, 2-4 ms slower per step for a model of 10 MB of gradients.
             warnings.warn(f"spark_hvd: {_GRAPH_OPS_PATH} was not built, so TensorFlow graphs "
                           "allreduce through tf.numpy_function (slower). Build it with `python "
-                          "build.py` (or `pip install --no-build-isolation .`) where TensorFlow is "
-                          "installed; SPARK_HVD_TF_OPS=0 silences this.")
+                          "build.py` (or reinstall spark_hvd); SPARK_HVD_TF_OPS=0 silences this.")
         else:
+            # The library reads SPARK_HVD_TF_SYNC_KERNELS itself: the value as resolved here
+            # (HOROVOD_TF_SYNC_KERNELS too), before it loads.
+            os.environ["SPARK_HVD_TF_SYNC_KERNELS"] = "1" if env_flag("TF_SYNC_KERNELS") else "0"
             try:
                 _graph_ops = tf.load_op_library(_GRAPH_OPS_PATH)
                 if not hasattr(_graph_ops, "spark_hvd_allreduce"):
@@ -376,8 +377,8 @@ def graph_ops():
                     raise ImportError("it has no SparkHvdAllreduce op")
             except Exception as e:  # noqa: BLE001 - any load failure means: use the fallback
                 warnings.warn(f"spark_hvd: cannot load {_GRAPH_OPS_PATH} ({e}); TensorFlow graphs "
-                              "use tf.numpy_function instead. Rebuild it against this "
-                              f"TensorFlow ({tf.__version__}) with `python build.py`.")
+                              "use tf.numpy_function instead (TensorFlow "
+                              f"{tf.__version__}; it needs 2.16 or later; `python build.py` rebuilds it).")
     return _graph_ops or None
 
 
@@ -437,10 +438,12 @@ def _two_step_graph(ops, kernel, tensors, out_dtypes):
         try:
             outs = kernel.finish(_pending.pop(int(key)))
         except MismatchError as e:
-            return empty + [np.bool_(True), np.bytes_(e.message.encode())]
-        return list(outs) + [np.bool_(False), np.bytes_(b"")]
+            return empty + [np.bool_(True), np.frombuffer(e.message.encode(), np.uint8)]
+        return list(outs) + [np.bool_(False), np.zeros(0, np.uint8)]
+    # The message as UTF-8 bytes: the op library reads tensors through TensorFlow's C API,
+    # which does not describe a string tensor's memory.
     *outs, failed, message = tf.numpy_function(
-        finish, [key], list(out_dtypes) + [tf.bool, tf.string], stateful=True)
+        finish, [key], list(out_dtypes) + [tf.bool, tf.uint8], stateful=True)
     with tf.control_dependencies([ops.spark_hvd_check(failed, message)]):
         return [tf.identity(o) for o in outs]
 

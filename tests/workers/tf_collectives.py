@@ -11,6 +11,7 @@ shapes and dtypes, as a retrace on a smaller last batch does.
 """
 
 import os
+import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
@@ -526,7 +527,26 @@ def session_out_of_order(c, n, rank):
     c.check(np.array_equal(got_grad, want_grad), f"broadcast gradient {got_grad} vs {want_grad}")
 
 
+def session_deadlock_is_reported(c, n, rank):
+    """With the op library's kernels completing before they return (SPARK_HVD_TF_SYNC_KERNELS=1,
+    its fallback), session_out_of_order's graph would block each rank's one inter-op thread on
+    a collective the other rank has not started: the core's deadlock check ends the job with an
+    error that names both ranks' collectives, instead of a hang."""
+    try:
+        session_out_of_order(c, n, rank)
+    except tf.errors.OpError as e:
+        c.check("deadlock" in e.message and "v1.ar." in e.message, f"not a deadlock: {e}")
+    else:
+        c.check(False, "the out-of-order session graph completed with synchronous kernels")
+
+
 def main():
+    if sys.argv[1:] == ["--session-deadlock"]:
+        hvd.init()
+        c = Checks(hvd.rank())
+        session_deadlock_is_reported(c, hvd.size(), hvd.rank())
+        c.finish(size=hvd.size())
+        return
     n_env = int(os.environ["SPARK_HVD_SIZE"])
     sets = [hvd.ProcessSet(list(range(1, n_env)))]
     if n_env >= 3:
@@ -545,7 +565,10 @@ def main():
             for part in (s.graph_op, s.allreduce, s.grouped_allreduce, s.allgather, s.broadcast,
                          s.alltoall, s.reducescatter, s.gradients, s.buffers):
                 c.run(f"{s.label}/{part.__name__}", part)
-    if os.environ.get("SPARK_HVD_TF_OPS", "1") != "0":  # the kernel of the op library
+    # The kernel of the op library; completing before it returns (SPARK_HVD_TF_SYNC_KERNELS=1),
+    # it cannot run this graph (session_deadlock_is_reported).
+    if os.environ.get("SPARK_HVD_TF_OPS", "1") != "0" and \
+            os.environ.get("SPARK_HVD_TF_SYNC_KERNELS", "0") in ("", "0"):
         c.run("session_out_of_order", session_out_of_order, c, n, rank)
     errors(c, n, rank, sets[0] if rank == 0 else None)
     hvd.shutdown()
