@@ -1,13 +1,14 @@
 """Train a Keras classifier on a Spark DataFrame with KerasEstimator, inside a Pipeline.
 
     python examples/spark/keras_estimator.py                        # local[2], synthetic data
+    KERAS_BACKEND=jax python examples/spark/keras_estimator.py      # or torch: any backend
     spark-submit --master local[2] examples/spark/keras_estimator.py
 
 The synthetic data are MNIST-like 8x8 "digits" (a noisy template per class) plus a categorical
 "scanner" column. The Pipeline assembles the pixels and the one-hot scanner into one feature
 vector, the KerasEstimator trains an MLP on 2 Spark tasks, the fitted PipelineModel is
 evaluated with Spark's MulticlassClassificationEvaluator, saved, loaded back and checked to
-predict the same.
+predict the same. The ranks train on the Keras backend this driver runs (KERAS_BACKEND).
 """
 
 import argparse
@@ -62,6 +63,7 @@ def main():
                    .config("spark.ui.enabled", "false"))
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
+    print(f"Keras backend: {keras.backend.backend()}")
     workdir = tempfile.mkdtemp(prefix="spark_hvd_example_")
 
     df, pixels = synthetic_digits(spark, args.rows)

@@ -18,6 +18,8 @@ survivor's do not.
 
 import copy
 
+import numpy as np
+
 from .elastic import HandledState, StateHandler
 from .objects import allgather_object, broadcast_object
 
@@ -136,3 +138,83 @@ def _call(handler, hook):
     """``handler.hook()``, or None for a handler without it (one written for Horovod)."""
     method = getattr(handler, hook, None)
     return method() if method is not None else None
+
+
+# -- models, optimizers and lists of variables (TensorFlow and Keras of every backend) --------
+
+def variables_of(obj):
+    """The variables of a Keras model or optimizer (Keras 3: a property; Keras 2 optimizers:
+    a method), or of a list of variables."""
+    if isinstance(obj, (list, tuple)):
+        return list(obj)
+    variables = obj.variables
+    return list(variables() if callable(variables) else variables)
+
+
+class VariablesHandler(Handler):
+    """A model, an optimizer or a list of variables: saved as NumPy copies of the values.
+
+    Args:
+        value: the model, optimizer or list.
+        what: its name in errors and in the broadcast's op names.
+        broadcast: ``broadcast(variables, name)`` assigns rank 0's values to ``variables``.
+        dtype_name: ``dtype_name(variable)``, the dtype's name in the spec.
+        before_save: called before values are read (Keras on JAX keeps ``fit``'s state
+            outside the variables until it is synced).
+    """
+
+    def __init__(self, value, what, broadcast, dtype_name, before_save=None):
+        self._what = what
+        self._broadcast = broadcast
+        self._dtype_name = dtype_name
+        self._before_save = before_save or (lambda: None)
+        super().__init__(value)
+
+    def save(self):
+        self._before_save()
+        self._saved = [np.array(v, copy=True) for v in variables_of(self.value)]
+
+    def restore(self):
+        # An optimizer builds its slots lazily: variables created after the last save keep
+        # their values, as in Horovod.
+        for var, saved in zip(variables_of(self.value), self._saved):
+            var.assign(saved)
+
+    def spec(self):
+        return [(getattr(v, "path", None) or v.name, tuple(v.shape), self._dtype_name(v))
+                for v in variables_of(self.value)]
+
+    def check(self, specs):
+        return check_variables(self._what, specs)
+
+    def sync(self):
+        self._before_save()
+        variables = variables_of(self.value)
+        if variables:
+            self._broadcast(variables, f"elastic.{self._what}")
+
+
+class OptimizerHandler(VariablesHandler):
+    """A Keras optimizer, built for the model's trainable variables before a sync if it is
+    not yet (a new worker's optimizer has no slots until its first step)."""
+
+    def __init__(self, optimizer, model, broadcast, dtype_name, before_save=None):
+        self._model = model
+        super().__init__(optimizer, "optimizer", broadcast, dtype_name, before_save)
+
+    def prepare(self):
+        if getattr(self.value, "built", True) is False:
+            self.value.build(self._model.trainable_variables)
+
+
+def model_handlers(model, optimizer, broadcast, dtype_name, before_save=None):
+    """The handlers of a Keras model and its optimizer (``model.optimizer`` when None; none
+    for a model without one)."""
+    if not getattr(model, "built", True):
+        raise ValueError("Model must be built first. Run `model.build(input_shape)`.")
+    optimizer = optimizer or getattr(model, "optimizer", None)
+    handlers = {"model": VariablesHandler(model, "model", broadcast, dtype_name, before_save)}
+    if optimizer is not None:
+        handlers["optimizer"] = OptimizerHandler(optimizer, model, broadcast, dtype_name,
+                                                 before_save)
+    return handlers

@@ -141,3 +141,155 @@ def reducescatter_grad_scale(op, set_size, prescale=1.0, postscale=1.0):
 def slice_offset(first_dims, index):
     """Offset of member ``index``'s rows in a concatenation of ``first_dims``."""
     return int(sum(first_dims[:index]))
+
+
+# -- averaging a step's gradients -------------------------------------------------------------
+
+def checked_local_layers(local_layers):
+    """``local_layers`` (one Keras layer or a collection of them) as a list, with Horovod's
+    error for anything else."""
+    import keras
+    if local_layers is None:
+        return []
+    if isinstance(local_layers, keras.layers.Layer):
+        return [local_layers]
+    local_layers = list(local_layers)
+    if not all(isinstance(layer, keras.layers.Layer) for layer in local_layers):
+        raise ValueError("All local layers must be of tf.keras.layers.Layer type.")
+    return local_layers
+
+
+class BaseGradientAllreducer:
+    """Averages (or sums) one step's list of gradients across the ranks of a process set: the
+    rules every tensor type shares (local variables stay on their rank, ``groups`` split the
+    dense gradients into grouped allreduces, compression around each). A subclass supplies the
+    tensor operations: :meth:`_allreduce_group`, and the sparse, dividing and tracing hooks
+    where its framework has them.
+
+    Args: as ``DistributedOptimizer``'s, plus ``set_size``, a function returning the number
+    of ranks in ``process_set``.
+    """
+
+    def __init__(self, compression, sparse_as_dense, op, gradient_predivide_factor, groups,
+                 process_set, name, scale_local_gradients, set_size):
+        from .process_sets import global_process_set
+        self.compression = compression
+        self.sparse_as_dense = sparse_as_dense
+        self.op = op
+        self.prescale, self.postscale = scale_factors(op, gradient_predivide_factor)
+        self.groups = groups
+        self.process_set = process_set if process_set is not None else global_process_set
+        self.name = name
+        self.scale_local_gradients = scale_local_gradients
+        self._set_size = set_size
+        # id -> variable: holding the variable keeps its id from being reused.
+        self._local = {}
+        # Local layers, resolved to their variables at each call: a layer of a subclassed
+        # model has none until the first step builds it.
+        self._local_layers = []
+        self._traced = False
+
+    # -- what a tensor type supplies ------------------------------------------------------
+
+    def _allreduce_group(self, tensors):
+        """``tensors`` (dense, already compressed) reduced together; returns a list."""
+        raise NotImplementedError
+
+    def _tracing(self):
+        """True while a graph or a compiled function is being traced (not eager)."""
+        return False
+
+    def _is_sparse(self, grad):
+        return False
+
+    def _sparse_allreduce(self, grad):
+        raise NotImplementedError
+
+    def _to_dense(self, grad):
+        return grad
+
+    def _divided(self, grad, n):
+        return grad / n
+
+    def _is_variable(self, value):
+        return hasattr(value, "assign")
+
+    # -- the shared rules -------------------------------------------------------------------
+
+    def _warn_if_traced(self):
+        if self._traced:
+            warnings.warn("a local variable was registered after a training step was traced: "
+                          "steps traced before (model.fit's, a tf.function's) still average "
+                          "it. Register local variables before the first step.", stacklevel=3)
+
+    def register_local(self, variable):
+        """Marks ``variable`` as this rank's own: its gradient is never communicated.
+        Register before the first traced step (a traced function keeps what it saw)."""
+        if not self._is_variable(variable):
+            raise ValueError(f"register a variable as local, got {type(variable).__name__}")
+        self._warn_if_traced()
+        self._local[id(variable)] = variable
+
+    def register_local_layers(self, layers):
+        """Marks every trainable variable of ``layers`` as local, including variables the
+        layers create after this call (when the first step builds them)."""
+        self._warn_if_traced()
+        self._local_layers.extend(layers)
+
+    def _local_ids(self):
+        ids = set(self._local)
+        for layer in self._local_layers:
+            ids.update(id(v) for v in layer.trainable_weights)
+        return ids
+
+    def active(self):
+        """False when there is nothing to average with (one rank, or not a member)."""
+        from .process_sets import global_process_set
+        ps = self.process_set
+        if ps is not global_process_set and not ps.included():
+            return False
+        return self._set_size(ps) > 1
+
+    def _dense_groups(self, positions, variables):
+        """Lists of positions (into the gradient list) reduced together."""
+        if self.groups is None or variables is None:
+            return [positions]
+        members = [variables[i] for i in positions]
+        index = {id(v): i for i, v in zip(positions, members)}
+        return [[index[id(v)] for v in group]
+                for group in form_groups(members, self.groups, None)]
+
+    def __call__(self, grads, variables=None, scale_local=True):
+        """``grads`` reduced across ranks (None entries stay None); the gradients of local
+        variables stay on this rank (divided by the set size unless ``scale_local`` is False
+        or ``scale_local_gradients`` was)."""
+        grads = list(grads)
+        if self._tracing():
+            self._traced = True
+        if not self.active():
+            return grads
+        out = list(grads)
+        variables = list(variables) if variables is not None else None
+        local = self._local_ids() if variables is not None else ()
+        dense = []
+        for i, g in enumerate(grads):
+            if g is None:
+                continue
+            if local and id(variables[i]) in local:
+                if scale_local and self.scale_local_gradients:
+                    out[i] = self._divided(g, self._set_size(self.process_set))
+                continue
+            if self._is_sparse(g):
+                if not self.sparse_as_dense:
+                    out[i] = self._sparse_allreduce(g)
+                    continue
+                grads[i] = self._to_dense(g)
+            dense.append(i)
+        for group in self._dense_groups(dense, variables):
+            if not group:
+                continue
+            pairs = [self.compression.compress(self._to_dense(grads[i])) for i in group]
+            reduced = self._allreduce_group([c for c, _ in pairs])
+            for i, r, (_, ctx) in zip(group, reduced, pairs):
+                out[i] = self.compression.decompress(r, ctx)
+        return out

@@ -96,12 +96,18 @@ class TorchPredictor:
 
 
 def _limit_threads(threads: int) -> None:
-    import tensorflow as tf
-    try:
-        tf.config.threading.set_intra_op_parallelism_threads(threads)
-        tf.config.threading.set_inter_op_parallelism_threads(threads)
-    except RuntimeError:   # TensorFlow already started in this process: keep its setting
-        pass
+    import keras
+    backend = keras.backend.backend()
+    if backend == "torch":
+        import torch
+        torch.set_num_threads(threads)
+    elif backend == "tensorflow":
+        import tensorflow as tf
+        try:
+            tf.config.threading.set_intra_op_parallelism_threads(threads)
+            tf.config.threading.set_inter_op_parallelism_threads(threads)
+        except RuntimeError:   # TensorFlow already started in this process: keep its setting
+            pass
 
 
 def as_list(outputs, model) -> list:
@@ -117,11 +123,12 @@ class KerasPredictor:
     """KerasModel's: loads the model (once per Spark Python worker: ``cache_key``); called
     with a list of input arrays."""
 
-    def __init__(self, model_data: bytes, custom_objects=None):
+    def __init__(self, model_data: bytes, custom_objects=None, backend=None):
         # custom_objects pickled here, by the cloudpickle a user registers modules with
         # (pickle_by_value), not by the copy vendored in PySpark that ships the UDF.
         self.model_data = model_data
         self.custom_objects = cloudpickle.dumps(custom_objects)
+        self.backend = backend
 
     def cache_key(self) -> str:
         import hashlib
@@ -130,6 +137,12 @@ class KerasPredictor:
         return "keras:" + digest.hexdigest()
 
     def __call__(self):
+        import os
+        import sys
+        if self.backend and "keras" not in sys.modules:
+            # The driver's Keras backend, in a Spark worker that has not loaded Keras yet (one
+            # that has keeps its own: a .keras file loads on every backend).
+            os.environ.setdefault("KERAS_BACKEND", self.backend)
         from .rank._keras import load_model_bytes
         if in_spark_task():
             _limit_threads(1)   # one Spark task per core (the driver keeps its own)

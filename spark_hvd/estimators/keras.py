@@ -52,7 +52,20 @@ _KERAS_ESTIMATOR_PARAMS.update({
 })
 
 _KERAS_MODEL_PARAMS = dict(_params.COMMON_MODEL_PARAMS)
+# spark_hvd.keras._backend.SUPPORTED, named here so that the driver does not load the core.
+_SUPPORTED_BACKENDS = ("tensorflow", "torch", "jax")
 _KERAS_MODEL_PARAMS["custom_objects"] = _CUSTOM_OBJECTS
+
+
+def _check_backend() -> None:
+    """The driver's Keras backend is one the ranks can train on (they use the same)."""
+    import keras
+    backend = keras.backend.backend()
+    if backend not in _SUPPORTED_BACKENDS:
+        raise ValueError(
+            f"KerasEstimator trains on the Keras backends {', '.join(_SUPPORTED_BACKENDS)}; "
+            f"this driver runs Keras on {backend!r}. Set KERAS_BACKEND to one of them before "
+            f"keras is imported (the ranks train on the driver's backend).")
 
 
 def _is_keras_model(model) -> bool:
@@ -82,7 +95,8 @@ def _unpack_model_params(params: dict, custom_objects) -> dict:
 
 
 class KerasEstimator(DistributedEstimator):
-    """Spark ML Estimator that trains a Keras 3 model (TensorFlow backend) on spark_hvd ranks.
+    """Spark ML Estimator that trains a Keras 3 model on spark_hvd ranks, on the driver's Keras
+    backend (TensorFlow, torch or JAX: the ranks get its ``KERAS_BACKEND``).
 
     Params (each also has ``getX``/``setX``, e.g. ``setEpochs(5)``): see
     ``spark_hvd.estimators._params.COMMON_ESTIMATOR_PARAMS`` for the shared ones; Keras adds
@@ -103,6 +117,7 @@ class KerasEstimator(DistributedEstimator):
     # Checked before the data is prepared, so a mistake costs no Spark job.
     def _check_params(self, df) -> None:
         super()._check_params(df)
+        _check_backend()
         model = self.getModel()
         if not _is_keras_model(model):
             raise ValueError(f"KerasEstimator: model must be a keras.Model, got "
@@ -149,7 +164,11 @@ class KerasEstimator(DistributedEstimator):
         return train_on_rank
 
     def _run_env(self) -> dict:
-        env = dict(self.getBackendEnv() or {})
+        import keras
+        # The ranks train on the Keras backend the driver's model was built with (env, when
+        # it names another, wins).
+        env = {"KERAS_BACKEND": keras.backend.backend()}
+        env.update(self.getBackendEnv() or {})
         env.update(super()._run_env())
         return env
 
@@ -181,7 +200,9 @@ class KerasModel(DistributedModel):
         super().__init__(**kwargs)
 
     def _predictor_factory(self):
-        return KerasPredictor(model_to_bytes(self.getModel()), self.getCustomObjects())
+        import keras
+        return KerasPredictor(model_to_bytes(self.getModel()), self.getCustomObjects(),
+                              keras.backend.backend())
 
     def _pack_params(self, params: dict) -> dict:
         return _pack_model_params(params)

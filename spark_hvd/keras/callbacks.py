@@ -15,10 +15,10 @@ Typical use::
 import keras
 import numpy as np
 
+from .. import numpy as _np_ops
 from ..common._ops import Average
-from ..tensorflow.collectives import allreduce_list
-from ..tensorflow.functions import broadcast_variables
 from ..common.basics import rank, size as _size
+from . import _backend
 
 __all__ = ["BestModelCheckpoint", "BroadcastGlobalVariablesCallback",
            "LearningRateScheduleCallback", "LearningRateWarmupCallback",
@@ -84,6 +84,8 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
 
     def _broadcast(self):
         model = self.model
+        backend = _backend.current()
+        backend.sync_model_state(model)
         local = {id(v) for v in self.local_variables}
         variables = [v for v in model.variables if id(v) not in local]
         optimizer = getattr(model, "optimizer", None)
@@ -93,7 +95,7 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
                 owners = _slot_owners(optimizer)
                 slots = [s for s in slots if owners.get(id(s)) not in local]
             variables += slots
-        broadcast_variables(variables, root_rank=self.root_rank)
+        backend.broadcast_variables(variables, root_rank=self.root_rank)
         self.broadcast_done = True
 
     def on_train_begin(self, logs=None):
@@ -128,8 +130,8 @@ class MetricAverageCallback(keras.callbacks.Callback):
         if not names:
             return
         values = np.array([float(logs[k]) for k in names], dtype=np.float64)
-        reduced = allreduce_list([values], None, Average, 1.0, 1.0, None, False)[0]
-        for name, value in zip(names, np.asarray(reduced).tolist()):
+        reduced = _np_ops.allreduce(values, op=Average)
+        for name, value in zip(names, reduced.tolist()):
             logs[name] = value
 
     def on_epoch_end(self, epoch, logs=None):
@@ -185,6 +187,7 @@ class LearningRateScheduleCallback(keras.callbacks.Callback):
 
     def _adjust_learning_rate(self, epoch):
         optimizer = self.model.optimizer
+        _backend.current().sync_model_state(self.model)
         old_lr = _get_lr(optimizer)
         new_lr = self.initial_lr * self.multiplier(epoch)
         try:

@@ -1,6 +1,7 @@
 """Horovod's ``horovod.keras.elastic`` / ``horovod.tensorflow.keras.elastic`` on spark_hvd:
-``KerasState`` (see :mod:`spark_hvd.tensorflow.elastic`) and the callbacks that commit the
-state and keep its ``epoch`` and ``batch`` during ``model.fit``.
+``KerasState`` (see :mod:`spark_hvd.common._elastic_states`), ``run`` and the callbacks that
+commit the state and keep its ``epoch`` and ``batch`` during ``model.fit``, on every Keras
+backend (the variables travel as the backend's collectives do, see ``_backend``).
 
     state = hvd.elastic.KerasState(model, batch=0, epoch=0)
 
@@ -12,17 +13,49 @@ state and keep its ``epoch`` and ``batch`` during ``model.fit``.
             hvd.elastic.CommitStateCallback(state)])
 """
 
+import functools
+
 import keras
 
-from ..common.elastic import ElasticNotSupportedError, ObjectState, State
-from ..tensorflow.elastic import TensorFlowKerasState, TensorFlowState, run
+from ..common._elastic_states import SyncedState, model_handlers
+from ..common.basics import rank
+from ..common.elastic import ElasticNotSupportedError, ObjectState, State, run_fn
+from . import _backend
 
 __all__ = ["CommitStateCallback", "ElasticNotSupportedError", "KerasState", "ObjectState",
-           "State", "TensorFlowKerasState", "TensorFlowState", "UpdateBatchStateCallback",
-           "UpdateEpochStateCallback", "run"]
+           "State", "UpdateBatchStateCallback", "UpdateEpochStateCallback", "run"]
+if _backend.name() == "tensorflow":
+    __all__ += ["TensorFlowKerasState", "TensorFlowState"]
 
 
-class KerasState(TensorFlowKerasState):
+def __getattr__(attr):
+    # The TensorFlow states (Horovod exports them here too), loaded only when asked for.
+    if attr in ("TensorFlowKerasState", "TensorFlowState"):
+        from ..tensorflow import elastic
+        return getattr(elastic, attr)
+    raise AttributeError(f"module {__name__!r} has no attribute {attr!r}")
+
+
+def run(func):
+    """Horovod's elastic decorator: ``func(state, ...)`` runs until it returns, syncing
+    ``state`` first and again after every reset. A lost peer inside ``model.fit``'s compiled
+    step (which TensorFlow and JAX report as their own error types) counts as
+    ``HorovodInternalError``."""
+    backend = _backend.current()
+
+    @functools.wraps(func)
+    def raising_internal_errors(*args, **kwargs):
+        try:
+            return func(*args, **kwargs)
+        except Exception as e:  # noqa: BLE001 - re-raised unless it stands for a lost peer
+            internal = backend.internal_error(e)
+            if internal is None or internal is e:
+                raise
+            raise internal from e
+    return run_fn(raising_internal_errors, reset=None)
+
+
+class KerasState(SyncedState):
     """State of a Keras model and its optimizer (Horovod's ``KerasState``).
 
     Args:
@@ -32,7 +65,17 @@ class KerasState(TensorFlowKerasState):
     """
 
     def __init__(self, model, optimizer=None, **kwargs):
-        super().__init__(model, optimizer=optimizer, **kwargs)
+        backend = _backend.current()
+
+        def broadcast(variables, name):
+            backend.broadcast_variables(variables, 0, name=name)
+
+        handlers = model_handlers(model, optimizer, broadcast,
+                                  lambda v: keras.backend.standardize_dtype(v.dtype),
+                                  before_save=lambda: backend.sync_model_state(model))
+        super().__init__(handlers, get_rank=rank, **kwargs)
+        if "optimizer" not in handlers:
+            self.optimizer = None
 
 
 class CommitStateCallback(keras.callbacks.Callback):

@@ -1,14 +1,17 @@
 """``DistributedOptimizer`` for Keras 3: gradients are averaged across ranks in ``apply``.
 
-Keras 3 funnels every update through ``Optimizer.apply(grads, variables)`` (``model.fit``'s
-train step calls ``apply_gradients``, which calls ``apply``), so that is the hook: the
-gradients of one step go to the core together as one grouped allreduce, then the wrapped
-optimizer applies them. It works eagerly and in the ``tf.function`` that ``model.fit`` traces.
+Keras 3 funnels every update through ``Optimizer.apply(grads, variables)`` on every backend
+(``model.fit``'s train step calls ``apply_gradients``, or, on JAX, ``stateless_apply``, which
+call ``apply``), so that is the hook: the gradients of one step go to the core together as
+one grouped allreduce, then the wrapped optimizer applies them. How the gradients reach the
+core is the backend's business (:mod:`spark_hvd.keras._backend`): TensorFlow's ops in the
+``tf.function`` that ``model.fit`` traces, spark_hvd.torch's on torch, an ordered callback
+out of the compiled step on JAX.
 
-``backward_passes_per_step=N`` accumulates gradients locally in (untracked) variables; every
-N-th call allreduces the sum (divided by N with ``average_aggregated_gradients``) and applies
-it. The calls in between only advance ``optimizer.iterations`` (Horovod's semantics, so
-learning-rate schedules see every step).
+``backward_passes_per_step=N`` (TensorFlow backend) accumulates gradients locally in
+(untracked) variables; every N-th call allreduces the sum (divided by N with
+``average_aggregated_gradients``) and applies it. The calls in between only advance
+``optimizer.iterations`` (Horovod's semantics, so learning-rate schedules see every step).
 
 The optimizer is wrapped in place: its class becomes a subclass of its class with the same
 name and module, so ``isinstance`` checks, ``get_config`` and saved models are those of the
@@ -17,13 +20,12 @@ wraps it again), and state it already has (after ``load_model``) is kept.
 """
 
 import keras
-import tensorflow as tf
 
+from ..common._ops import Average
+from ..common.gradients import check_adasum_size, check_optimizer_args, checked_local_layers
 from ..common.process_sets import global_process_set
-from ..tensorflow.collectives import Average
-from ..tensorflow.compression import Compression
-from ..tensorflow.gradient_tape import (GradientAllreducer, check_args, checked_local_layers,
-                                        dense_for_accumulation)
+from . import _backend
+from .compression import Compression
 
 
 class _State:
@@ -40,6 +42,7 @@ class _State:
     def build_accumulators(self, variables):
         if self.passes == 1 or self.accumulators is not None:
             return
+        import tensorflow as tf
         with tf.init_scope():  # created once, outside any function being traced
             self.accumulators = [tf.Variable(tf.zeros(v.shape, v.dtype), trainable=False)
                                  for v in variables]
@@ -60,7 +63,7 @@ class _DistributedOptimizer:
         super().build(variables)
         self._hvd.build_accumulators(self._trainable_variables)
 
-    @tf.autograph.experimental.do_not_convert
+    @_backend.not_converted
     def apply(self, grads, trainable_variables=None):
         """Averages ``grads`` across ranks, then applies them with the wrapped optimizer."""
         grads = list(grads)
@@ -74,6 +77,9 @@ class _DistributedOptimizer:
         return self._hvd_accumulate(grads, trainable_variables)
 
     def _hvd_accumulate(self, grads, trainable_variables):
+        import tensorflow as tf
+
+        from ..tensorflow.gradient_tape import dense_for_accumulation
         if not self.built:
             if trainable_variables is None:
                 raise ValueError("the optimizer must be built (or given the variables) before "
@@ -134,13 +140,15 @@ def DistributedOptimizer(optimizer, name=None, device_dense='', device_sparse=''
         name: accepted for Horovod compatibility (the optimizer keeps its name, so its
             variables keep their checkpoint paths).
         compression: ``Compression.none`` or ``Compression.fp16`` (gradients sent as fp16).
-        sparse_as_dense: densify ``tf.IndexedSlices`` gradients (embeddings) before reducing.
+        sparse_as_dense: densify ``tf.IndexedSlices`` gradients (embeddings) before reducing
+            (TensorFlow backend; the torch and JAX backends give dense gradients).
         gradient_predivide_factor: with op=Average, divide by this factor before the sum and
             by ``size / factor`` after.
         op: ``Average`` (default), ``Sum`` or ``Adasum`` (gradients combined with Adasum; a
             power-of-two number of ranks).
         backward_passes_per_step: accumulate gradients locally over this many ``apply`` calls
-            and communicate once.
+            and communicate once (TensorFlow backend; elsewhere a ValueError names Keras'
+            ``gradient_accumulation_steps`` instead).
         average_aggregated_gradients: divide the accumulated gradients by
             ``backward_passes_per_step``.
         num_groups, groups: split the gradients into that many grouped allreduces, or lists
@@ -157,13 +165,24 @@ def DistributedOptimizer(optimizer, name=None, device_dense='', device_sparse=''
                          f"{type(optimizer).__name__}")
     if isinstance(optimizer, _DistributedOptimizer):
         raise ValueError("optimizer is already a DistributedOptimizer")
-    groups = check_args(op, gradient_predivide_factor, num_groups, groups, process_set)
+    backend = _backend.name()
+    groups = check_optimizer_args(op, gradient_predivide_factor, num_groups, groups,
+                                  is_tensor=lambda v: hasattr(v, "assign") or hasattr(v, "shape"))
+    check_adasum_size(op, _backend.set_size(process_set))
     passes = int(backward_passes_per_step)
     if passes < 1:
         raise ValueError("backward_passes_per_step must be > 0")
-    allreducer = GradientAllreducer(compression, sparse_as_dense, op, gradient_predivide_factor,
-                                    groups, process_set, name=None,
-                                    scale_local_gradients=scale_local_gradients)
+    if passes > 1 and backend != "tensorflow":
+        raise ValueError(
+            f"DistributedOptimizer(backward_passes_per_step={passes}) accumulates gradients "
+            f"in TensorFlow variables; Keras runs on {backend!r} here. Use Keras' own "
+            f"accumulation instead: pass gradient_accumulation_steps={passes} to the Keras "
+            f"optimizer (the gradients are then averaged across ranks every step and over "
+            f"the steps by Keras), or run with KERAS_BACKEND=tensorflow.")
+    allreducer = _backend.current().gradient_allreducer(
+        compression=compression, sparse_as_dense=sparse_as_dense, op=op,
+        gradient_predivide_factor=gradient_predivide_factor, groups=groups,
+        process_set=process_set, name=None, scale_local_gradients=scale_local_gradients)
     state = _State(allreducer, passes, average_aggregated_gradients, sparse_as_dense)
     optimizer.__class__ = _distributed_class(type(optimizer))
     optimizer._hvd = state

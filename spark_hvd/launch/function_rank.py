@@ -74,15 +74,19 @@ def _write_atomically(path, data):
 
 
 def _lost_peer(exc):
-    """Whether ``exc`` is a lost peer: a ``HorovodInternalError``, or TensorFlow's form of one
-    (an op error inside a ``tf.function`` or ``model.fit`` whose message holds the line
-    ``HorovodInternalError: ...``), which must not read as an error in ``fn``."""
+    """Whether ``exc`` is a lost peer: a ``HorovodInternalError``, or TensorFlow's or JAX's
+    form of one (an error of a compiled step, inside ``model.fit``, whose message holds the
+    line ``HorovodInternalError: ...``), which must not read as an error in ``fn``."""
     from spark_hvd.common.exceptions import HorovodInternalError
     if isinstance(exc, HorovodInternalError):
         return True
     if "tensorflow" in sys.modules and type(exc).__module__.startswith("tensorflow"):
         from spark_hvd.tensorflow.elastic import internal_error
         return internal_error(exc) is not None
+    if "jax" in sys.modules and type(exc).__module__.startswith(("jax", "jaxlib")):
+        # Keras's JAX backend: the core's error raised in the gradients' io_callback.
+        from spark_hvd.common.exceptions import internal_error_in_message
+        return internal_error_in_message(str(exc)) is not None
     return False
 
 

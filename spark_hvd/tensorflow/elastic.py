@@ -15,25 +15,17 @@ returned None for the ``UnknownError`` objects it did not recognise).
 """
 
 import functools
-import re
 
-import numpy as np
 import tensorflow as tf
 
-from ..common._elastic_states import Handler, SyncedState, check_variables
+from ..common._elastic_states import SyncedState, VariablesHandler, model_handlers
 from ..common.basics import rank
 from ..common.elastic import ElasticNotSupportedError, ObjectState, State, run_fn
-from ..common.exceptions import HorovodInternalError
+from ..common.exceptions import HorovodInternalError, internal_error_in_message
 from .functions import broadcast_
 
 __all__ = ["ElasticNotSupportedError", "ObjectState", "State", "TensorFlowKerasState",
            "TensorFlowState", "run", "run_fn"]
-
-# Where a TensorFlow op error carries the core's HorovodInternalError: the native op's status
-# message starts with it, a tf.numpy_function's names the Python exception (possibly with its
-# module) at the start of a line of its own.
-_INTERNAL_LINE = re.compile(r"^(?:[\w.]+\.)?HorovodInternalError: (.*)$", re.MULTILINE)
-
 
 def internal_error(error):
     """The ``HorovodInternalError`` that ``error`` stands for (itself if it is one), or None:
@@ -41,9 +33,7 @@ def internal_error(error):
     if isinstance(error, HorovodInternalError):
         return error
     if isinstance(error, tf.errors.OpError):
-        found = _INTERNAL_LINE.search(error.message or "")
-        if found:
-            return HorovodInternalError(found.group(1).strip())
+        return internal_error_in_message(error.message)
     return None
 
 
@@ -69,59 +59,12 @@ def run(func):
     return run_fn(raising_internal_errors(func), reset=None)
 
 
-def _variables_of(obj):
-    """The variables of a Keras model or optimizer (Keras 3: a property; Keras 2 optimizers:
-    a method), or of a list of variables."""
-    if isinstance(obj, (list, tuple)):
-        return list(obj)
-    variables = obj.variables
-    return list(variables() if callable(variables) else variables)
+def _broadcast_variables(variables, name):
+    broadcast_(variables, root_rank=0, name=name)
 
 
-def _named(variables):
-    return [(getattr(v, "path", None) or v.name, tuple(v.shape),
-             tf.as_dtype(v.dtype).base_dtype.name) for v in variables]
-
-
-class _VariablesHandler(Handler):
-    """A model, an optimizer or a list of variables: saved as NumPy copies of the values."""
-
-    def __init__(self, value, what):
-        self._what = what
-        super().__init__(value)
-
-    def save(self):
-        self._saved = [np.array(v, copy=True) for v in _variables_of(self.value)]
-
-    def restore(self):
-        # An optimizer builds its slots lazily: variables created after the last save keep
-        # their values, as in Horovod.
-        for var, saved in zip(_variables_of(self.value), self._saved):
-            var.assign(saved)
-
-    def spec(self):
-        return _named(_variables_of(self.value))
-
-    def check(self, specs):
-        return check_variables(self._what, specs)
-
-    def sync(self):
-        variables = _variables_of(self.value)
-        if variables:
-            broadcast_(variables, root_rank=0, name=f"elastic.{self._what}")
-
-
-class _OptimizerHandler(_VariablesHandler):
-    """A Keras optimizer, built for the model's trainable variables before a sync if it is
-    not yet (a new worker's optimizer has no slots until its first step)."""
-
-    def __init__(self, optimizer, model):
-        self._model = model
-        super().__init__(optimizer, "optimizer")
-
-    def prepare(self):
-        if getattr(self.value, "built", True) is False:
-            self.value.build(self._model.trainable_variables)
+def _dtype_name(variable):
+    return tf.as_dtype(variable.dtype).base_dtype.name
 
 
 class TensorFlowKerasState(SyncedState):
@@ -136,14 +79,9 @@ class TensorFlowKerasState(SyncedState):
 
     def __init__(self, model, optimizer=None, backend=None, **kwargs):
         del backend
-        if not getattr(model, "built", True):
-            raise ValueError("Model must be built first. Run `model.build(input_shape)`.")
-        optimizer = optimizer or getattr(model, "optimizer", None)
-        handlers = {"model": _VariablesHandler(model, "model")}
-        if optimizer is not None:
-            handlers["optimizer"] = _OptimizerHandler(optimizer, model)
+        handlers = model_handlers(model, optimizer, _broadcast_variables, _dtype_name)
         super().__init__(handlers, get_rank=rank, **kwargs)
-        if optimizer is None:
+        if "optimizer" not in handlers:
             self.optimizer = None
 
 
@@ -160,5 +98,6 @@ class TensorFlowState(SyncedState):
     def __init__(self, variables=None, session=None, **kwargs):
         del session
         variables = list(variables or tf.compat.v1.global_variables())
-        handlers = {"variables": _VariablesHandler(variables, "variables")}
+        handlers = {"variables": VariablesHandler(variables, "variables", _broadcast_variables,
+                                                  _dtype_name)}
         super().__init__(handlers, get_rank=rank, **kwargs)

@@ -6,7 +6,7 @@
 
 import tensorflow as tf
 
-from ..common import objects as _objects
+from ..common.session_objects import allgather_object, broadcast_object, broadcast_object_fn
 from ..common.process_sets import global_process_set
 from .collectives import _CODES, broadcast_list
 
@@ -69,24 +69,3 @@ def broadcast_(variables, root_rank, name=None, process_set=global_process_set):
     assigns = _assign_from_root(variables, root_rank, name, process_set)
     with tf.control_dependencies(assigns):
         return [tf.identity(tf.convert_to_tensor(v)) for v in variables]
-
-
-def broadcast_object(obj, root_rank=0, session=None, name=None,
-                     process_set=global_process_set):
-    """Returns ``root_rank``'s ``obj`` (any picklable object) on every rank of
-    ``process_set``. ``session`` is accepted for Horovod compatibility (the object travels
-    outside any graph)."""
-    return _objects.broadcast_object(obj, root_rank, name=name, process_set=process_set)
-
-
-def broadcast_object_fn(root_rank=0, session=None, name=None, process_set=global_process_set):
-    """A function ``fn(obj)`` that broadcasts ``obj`` from ``root_rank`` (Horovod's form for
-    repeated broadcasts)."""
-    def fn(obj):
-        return broadcast_object(obj, root_rank, session, name, process_set)
-    return fn
-
-
-def allgather_object(obj, session=None, name=None, process_set=global_process_set):
-    """Returns the list of every rank's ``obj`` (pickled), in rank order."""
-    return _objects.allgather_object(obj, name=name, process_set=process_set)

@@ -19,11 +19,10 @@ never communicated; with ``scale_local_gradients`` (the default, as in Horovod) 
 gradients are divided by the set size, so they are scaled like the averaged ones.
 """
 
-import warnings
-
 import tensorflow as tf
 
-from ..common.gradients import check_adasum_size, check_optimizer_args, form_groups, scale_factors
+from ..common.gradients import (BaseGradientAllreducer, check_adasum_size, check_optimizer_args,
+                                checked_local_layers)
 from ..common.process_sets import global_process_set
 from .collectives import Average, allreduce_list, member_count
 from .compression import Compression
@@ -54,113 +53,48 @@ def check_args(op, gradient_predivide_factor, num_groups, groups, process_set):
     return groups
 
 
-class GradientAllreducer:
-    """Averages (or sums) a list of gradients across the ranks of a process set."""
+class GradientAllreducer(BaseGradientAllreducer):
+    """Averages (or sums) a list of TF gradients across the ranks of a process set, eagerly
+    or inside a ``tf.function``; ``tf.IndexedSlices`` are allgathered unless
+    ``sparse_as_dense``."""
 
     def __init__(self, compression=Compression.none, sparse_as_dense=False, op=Average,
                  gradient_predivide_factor=1.0, groups=None, process_set=global_process_set,
                  name=None, scale_local_gradients=True):
-        self.compression = compression
-        self.sparse_as_dense = sparse_as_dense
-        self.op = op
-        self.prescale, self.postscale = scale_factors(op, gradient_predivide_factor)
-        self.groups = groups
-        self.process_set = process_set if process_set is not None else global_process_set
-        self.name = name
-        self.scale_local_gradients = scale_local_gradients
-        # id -> variable: holding the variable keeps its id from being reused.
-        self._local = {}
-        # Local layers, resolved to their variables at each call: a layer of a subclassed
-        # model has none until the first step builds it.
-        self._local_layers = []
-        self._traced = False
+        super().__init__(compression, sparse_as_dense, op, gradient_predivide_factor, groups,
+                         process_set, name, scale_local_gradients, member_count)
 
-    def _warn_if_traced(self):
-        if self._traced:
-            warnings.warn("a local variable was registered after a training step was traced: "
-                          "steps traced before (model.fit's, a tf.function's) still average "
-                          "it. Register local variables before the first step.", stacklevel=3)
+    def _allreduce_group(self, tensors):
+        return allreduce_list(tensors, self.name, self.op, self.prescale, self.postscale,
+                              self.process_set, grouped=True)
 
-    def register_local(self, variable):
-        """Marks ``variable`` as this rank's own: its gradient is never communicated.
-        Register before the first traced step (a traced function keeps what it saw)."""
-        if not _is_variable_or_tensor(variable):
-            raise ValueError(f"register a variable as local, got {type(variable).__name__}")
-        self._warn_if_traced()
-        self._local[id(variable)] = variable
+    def _tracing(self):
+        return not tf.executing_eagerly()
 
-    def register_local_layers(self, layers):
-        """Marks every trainable variable of ``layers`` as local, including variables the
-        layers create after this call (when the first step builds them)."""
-        self._warn_if_traced()
-        self._local_layers.extend(layers)
+    def _is_sparse(self, grad):
+        return isinstance(grad, tf.IndexedSlices)
 
-    def _local_ids(self):
-        ids = set(self._local)
-        for layer in self._local_layers:
-            ids.update(id(v) for v in layer.trainable_weights)
-        return ids
+    def _sparse_allreduce(self, grad):
+        return _sparse_allreduce(grad, None, self.op, self.prescale, self.postscale,
+                                 self.process_set)
 
-    def _scaled_local(self, grad):
-        """A local gradient divided by the set size (``scale_local_gradients``)."""
-        if grad is None or not self.scale_local_gradients:
-            return grad
-        n = member_count(self.process_set)
+    def _to_dense(self, grad):
+        return tf.convert_to_tensor(grad)
+
+    def _divided(self, grad, n):
         if isinstance(grad, tf.IndexedSlices):
             return tf.IndexedSlices(grad.values / tf.cast(n, grad.values.dtype), grad.indices,
                                     grad.dense_shape)
         return grad / tf.cast(n, grad.dtype)
 
-    def active(self):
-        """False when there is nothing to average with (one rank, or not a member)."""
-        ps = self.process_set
-        if ps is not global_process_set and not ps.included():
-            return False
-        return member_count(ps) > 1
-
-    def _dense_groups(self, positions, variables):
-        """Lists of positions (into the gradient list) reduced together."""
-        if self.groups is None or variables is None:
-            return [positions]
-        members = [variables[i] for i in positions]
-        index = {id(v): i for i, v in zip(positions, members)}
-        return [[index[id(v)] for v in group]
-                for group in form_groups(members, self.groups, None)]
+    def _is_variable(self, value):
+        return _is_variable_or_tensor(value)
 
     @tf.autograph.experimental.do_not_convert
     def __call__(self, grads, variables=None, scale_local=True):
         """``grads`` reduced across ranks (None entries stay None); the gradients of local
         variables stay on this rank (scaled unless ``scale_local`` is False)."""
-        grads = list(grads)
-        if not tf.executing_eagerly():
-            self._traced = True
-        if not self.active():
-            return grads
-        out = list(grads)
-        variables = list(variables) if variables is not None else None
-        local = self._local_ids() if variables is not None else ()
-        dense = []
-        for i, g in enumerate(grads):
-            if g is None:
-                continue
-            if local and id(variables[i]) in local:
-                out[i] = self._scaled_local(g) if scale_local else g
-                continue
-            if isinstance(g, tf.IndexedSlices):
-                if not self.sparse_as_dense:
-                    out[i] = _sparse_allreduce(g, None, self.op, self.prescale, self.postscale,
-                                               self.process_set)
-                    continue
-                g = tf.convert_to_tensor(g)
-                grads[i] = g
-            dense.append(i)
-        for group in self._dense_groups(dense, variables):
-            pairs = [self.compression.compress(tf.convert_to_tensor(grads[i])) for i in group]
-            reduced = allreduce_list([c for c, _ in pairs], self.name, self.op, self.prescale,
-                                     self.postscale, self.process_set, grouped=True)
-            for i, r, (_, ctx) in zip(group, reduced, pairs):
-                out[i] = self.compression.decompress(r, ctx)
-        return out
+        return super().__call__(grads, variables, scale_local)
 
 
 class _DistributedGradientTape:
@@ -231,20 +165,6 @@ def DistributedGradientTape(gradtape, device_dense='', device_sparse='',
                                               name=None,
                                               scale_local_gradients=scale_local_gradients)
     return tape
-
-
-def checked_local_layers(local_layers):
-    """``local_layers`` (one Keras layer or a collection of them) as a list, with Horovod's
-    error for anything else."""
-    import keras
-    if local_layers is None:
-        return []
-    if isinstance(local_layers, keras.layers.Layer):
-        return [local_layers]
-    local_layers = list(local_layers)
-    if not all(isinstance(layer, keras.layers.Layer) for layer in local_layers):
-        raise ValueError("All local layers must be of tf.keras.layers.Layer type.")
-    return local_layers
 
 
 def PartialDistributedGradientTape(gradtape, device_dense='', device_sparse='',

@@ -256,19 +256,54 @@ class _BatchStream:
         return dataset.prefetch(prefetch) if prefetch > 0 else dataset
 
 
-def _select_devices(tf, hvd, use_gpu: bool) -> None:
-    """With ``use_gpu``, TensorFlow sees one GPU: ``local_rank % visible GPUs``, one that Spark
-    gave the task (see ``spark.run``); without, none. No GPU: the CPU, with one line from rank
-    0 if ranks given GPUs fell back. Every rank calls it (a collective with ``use_gpu``)."""
+def _start_backend(threads: int) -> str:
+    """Starts the rank's Keras backend (``KERAS_BACKEND``, which the estimator sets to the
+    driver's) with ``threads`` CPU threads, before Keras is imported; returns its name."""
+    backend = os.environ.get("KERAS_BACKEND", "tensorflow")
+    if backend == "tensorflow":
+        import tensorflow as tf
+        tf.config.threading.set_intra_op_parallelism_threads(threads)
+        tf.config.threading.set_inter_op_parallelism_threads(threads)
+    elif backend == "torch":
+        import torch
+        torch.set_num_threads(threads)
+    elif backend == "jax" and threads == 1:
+        # XLA's CPU client reads its flags when JAX starts.
+        flags = os.environ.get("XLA_FLAGS", "")
+        if "xla_cpu_multi_thread_eigen" not in flags:
+            os.environ["XLA_FLAGS"] = (flags + " --xla_cpu_multi_thread_eigen=false").strip()
+    return backend
+
+
+def _backend_gpus(backend: str) -> int:
+    """How many GPUs the Keras backend sees (TensorFlow's are chosen by _select_devices;
+    torch and JAX take the devices Spark made visible to the task)."""
+    if backend == "tensorflow":
+        import tensorflow as tf
+        return len(tf.config.list_physical_devices("GPU"))
+    if backend == "torch":
+        import torch
+        return torch.cuda.device_count()
+    import jax
+    return sum(d.platform == "gpu" for d in jax.devices())
+
+
+def _select_devices(backend: str, hvd, use_gpu: bool) -> None:
+    """With ``use_gpu``, the backend sees one GPU: ``local_rank % visible GPUs``, one that
+    Spark gave the task (see ``spark.run``); without, TensorFlow sees none. No GPU: the CPU,
+    with one line from rank 0 if ranks given GPUs fell back. Every rank calls it (a
+    collective with ``use_gpu``)."""
     from . import _training
-    gpus = tf.config.list_physical_devices("GPU")
+    gpus = _backend_gpus(backend)
     _training.note_cpu_fallback(hvd, use_gpu, bool(gpus),
-                                "TensorFlow lists no GPU (a CPU-only build of TensorFlow, or no "
-                                "CUDA driver on the executors)")
-    if not gpus:
+                                f"Keras' {backend} backend lists no GPU (a CPU-only build, or "
+                                "no CUDA driver on the executors)")
+    if not gpus or backend != "tensorflow":
         return
+    import tensorflow as tf
+    devices = tf.config.list_physical_devices("GPU")
     if use_gpu:
-        gpu = gpus[hvd.local_rank() % len(gpus)]
+        gpu = devices[hvd.local_rank() % len(devices)]
         tf.config.set_visible_devices([gpu], "GPU")
         tf.config.experimental.set_memory_growth(gpu, True)
     else:
@@ -323,19 +358,17 @@ def _prepare_checkpoint_callback(callback, directory: str):
 def train_on_rank(config, resume):
     """What each rank runs (through ``spark.run``): train with ``model.fit``, checkpoint,
     report; rank 0 returns the trained model (``.keras`` bytes) and the history."""
-    import tensorflow as tf
-
     from . import _training
-    threads = _training.cpu_threads_per_rank()
-    tf.config.threading.set_intra_op_parallelism_threads(threads)
-    tf.config.threading.set_inter_op_parallelism_threads(threads)
+    backend = _start_backend(_training.cpu_threads_per_rank())
     import keras
 
     import spark_hvd.keras as hvd
 
     hvd.init()
     rank, size = hvd.rank(), hvd.size()
-    _select_devices(tf, hvd, config["use_gpu"])
+    if rank == 0 and config["verbose"]:
+        print(f"KerasEstimator: training on Keras' {backend} backend", flush=True)
+    _select_devices(backend, hvd, config["use_gpu"])
     keras.utils.set_random_seed(config["random_seed"])
 
     spec = cloudpickle.loads(config["keras"])
@@ -351,8 +384,9 @@ def train_on_rank(config, resume):
     hvd.DistributedOptimizer(optimizer,
                              compression=config["gradient_compression"] or hvd.Compression.none,
                              backward_passes_per_step=config["backward_passes_per_step"])
-    # The collectives are Python kernels, which XLA cannot compile.
-    model.compile(**args, jit_compile=False)
+    # On TensorFlow the collectives are Python kernels, which XLA cannot compile; JAX's
+    # compiled step reaches them through a callback, torch's runs eagerly.
+    model.compile(**args, **({"jit_compile": False} if backend == "tensorflow" else {}))
 
     store, run_id = config["store"], config["run_id"]
     start_epoch, history = 0, {}
@@ -373,9 +407,13 @@ def train_on_rank(config, resume):
         sample = train.peek()
         prefetch = config.get("tensorflow_dataset_prefetch_buffer_size")
         validation = None
-        if val_reader is not None:
+        if val_reader is not None and backend == "tensorflow":
             validation = _BatchStream(val_reader, convert, 0, repeat=False).dataset(
                 sample, prefetch)
+        elif val_reader is not None:
+            # Keras keeps a generator's iterator across epochs when validation_steps is
+            # given: one stream running through the validation epochs.
+            validation = _BatchStream(val_reader, convert, 0, repeat=True)()
         epochs, steps = config["epochs"], train_reader.steps_per_epoch
         reporter = _training.EpochReporter(rank, epochs, config["verbose"], history,
                                            store=store, run_id=run_id)
@@ -385,7 +423,9 @@ def train_on_rank(config, resume):
                                          steps * config["batch_size"] * size, rank)]
         if checkpoint_callback is not None and rank == 0:
             fit_callbacks.append(_prepare_checkpoint_callback(checkpoint_callback, scratch))
-        model.fit(train.dataset(sample, prefetch), steps_per_epoch=steps, epochs=epochs,
+        # tf.data on TensorFlow; torch and JAX read a Python generator (Keras adapts it).
+        data = train.dataset(sample, prefetch) if backend == "tensorflow" else train()
+        model.fit(data, steps_per_epoch=steps, epochs=epochs,
                   initial_epoch=start_epoch, validation_data=validation,
                   validation_steps=val_reader.steps_per_epoch if val_reader else None,
                   callbacks=fit_callbacks, shuffle=False, verbose=0)
