@@ -234,6 +234,18 @@ SETTINGS = {
     "BUILD_JOBS": Setting(2, "`build.py`: parallel compiler processes", _BUILD),
     "SKIP_NATIVE_BUILD": Setting(False, "`pip install`: leave the native build out", _BUILD),
     "DEBUG_BUILD": Setting(False, "`pip install`: build the core with `-O0 -g`", _BUILD),
+    "TOOLCHAIN": Setting(
+        None, "`zig`: build with zig's clang from PyPI's `ziglang` for glibc 2.28, LLVM's C++ "
+        "runtime linked in privately (the manylinux wheel's toolchain; `make wheel` sets it)",
+        _BUILD, shown="the system compiler (`CXX`, else g++)", see="installing.md"),
+    "STRIP": Setting(False, "`1`: strip the built libraries (always done for the zig build)",
+                     _BUILD, see="installing.md"),
+    "TORCH_WHEELS": Setting(
+        None, "torch wheel files (`:`-separated) to build more shared-gradient allocators from, "
+        "one per torch minor (`make wheel TORCH_WHEELS=...`)", _BUILD, see="installing.md"),
+    "TORCH_CXX": Setting(
+        None, "the compiler of the torch allocators, which must use libstdc++ as torch does",
+        _BUILD, shown="g++ for the zig build, else `CXX`", see="installing.md"),
 }
 
 
