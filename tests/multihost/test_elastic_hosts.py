@@ -168,17 +168,22 @@ def test_every_host_failing_is_a_clear_error(bed3, tmp_path):
                  launcher_args=["--min-np", "2", "--elastic-timeout", "20"])
     job.wait_for(r"STEP rank=\d size=3 step=20 ", 3, timeout=120)
     fault_at = time.monotonic()
-    for host in bed3.hosts:
-        bed3.signal_host(host, signal.SIGKILL)
+    # Until nothing is left: a process forked while the pids were listed (an sshd session)
+    # would outlive one round of kills.
+    deadline = time.monotonic() + 5
+    while any(bed3.signal_host(host, signal.SIGKILL) for host in bed3.hosts):
+        assert time.monotonic() < deadline, [bed3.pids(h) for h in bed3.hosts]
+        time.sleep(0.05)
     rc = job.wait_exit(timeout=60)
     took = job.exited_at - fault_at
     print(f"the launcher exited {took:.1f} s after every host was lost, code {rc}")
     assert rc == 1, job.describe()
     text = "\n".join(job.lines)
-    assert "no process of round 1 is left" in text, job.describe()
+    # Round 1, or a later one when the launcher re-formed on the hosts not yet killed.
+    assert re.search(r"no process of round \d+ is left", text), job.describe()
     assert took <= 20 + SLACK + 5, job.describe()
     for host in bed3.hosts:
-        assert not bed3.pids(host), (host.name, job.describe())
+        job.assert_nothing_left(host, timeout=10)
 
 
 @pytest.mark.slow
