@@ -168,10 +168,11 @@ def test_every_host_failing_is_a_clear_error(bed3, tmp_path):
                  launcher_args=["--min-np", "2", "--elastic-timeout", "20"])
     job.wait_for(r"STEP rank=\d size=3 step=20 ", 3, timeout=120)
     fault_at = time.monotonic()
-    # Until nothing is left: a process forked while the pids were listed (an sshd session)
-    # would outlive one round of kills.
+    # Every host in each pass (a list, not any()'s short circuit, which killed them one by
+    # one), until nothing is left: a process forked while the pids were listed (an sshd
+    # session) would outlive one pass.
     deadline = time.monotonic() + 5
-    while any(bed3.signal_host(host, signal.SIGKILL) for host in bed3.hosts):
+    while any([bed3.signal_host(host, signal.SIGKILL) for host in bed3.hosts]):
         assert time.monotonic() < deadline, [bed3.pids(h) for h in bed3.hosts]
         time.sleep(0.05)
     rc = job.wait_exit(timeout=60)
