@@ -71,6 +71,20 @@ def _finish(spark: SparkBed, proc, timeout: float) -> tuple[str, str]:
     return out, err
 
 
+def _kill_a_host_once_ready(spark_bed, mode, tmp_path, ready_timeout, finish_timeout):
+    """Submits the job's ``mode``, waits until each of its 4 ranks wrote ``ready.<rank>``,
+    SIGKILLs every process of the second host, and waits for the driver to finish. Returns
+    (the host killed, when, the driver's stdout, its stderr)."""
+    proc = spark_bed.submit(JOB, mode, tmp_path, confs=CONFS)
+    for rank in range(4):
+        wait_for_file(tmp_path / f"ready.{rank}", proc, ready_timeout)
+    victim = spark_bed.bed.hosts[1]
+    killed_at = time.time()
+    assert spark_bed.bed.signal_host(victim, signal.SIGKILL)
+    out, err = _finish(spark_bed, proc, finish_timeout)
+    return victim, killed_at, out, err
+
+
 def test_run_and_fit_across_hosts(spark_bed, tmp_path):
     proc = spark_bed.submit(JOB, "run", tmp_path, confs=CONFS)
     out, err = _finish(spark_bed, proc, 200)
@@ -94,13 +108,8 @@ def test_run_and_fit_across_hosts(spark_bed, tmp_path):
 
 
 def test_lost_host_during_run(spark_bed, tmp_path):
-    proc = spark_bed.submit(JOB, "lose-run", tmp_path, confs=CONFS)
-    for rank in range(4):
-        wait_for_file(tmp_path / f"ready.{rank}", proc, 150)
-    victim = spark_bed.bed.hosts[1]
-    killed_at = time.time()
-    assert spark_bed.bed.signal_host(victim, signal.SIGKILL)
-    out, err = _finish(spark_bed, proc, 120)
+    victim, killed_at, out, err = _kill_a_host_once_ready(spark_bed, "lose-run", tmp_path,
+                                                          150, 120)
     error = json.loads((tmp_path / "result.json").read_text())["error"]
     assert error is not None, "spark_hvd.spark.run returned although a host was lost"
     seconds = error["time"] - killed_at
@@ -168,13 +177,8 @@ def test_lost_host_during_run_elastic(spark_bed, tmp_path):
     """Issue 31: run_elastic on the standalone cluster; one worker host killed mid-training
     (its executor, its worker daemon and its ranks): the two ranks of the other host go on
     from their last commit at size 2, finish every step once, and agree bitwise."""
-    proc = spark_bed.submit(JOB, "elastic-run", tmp_path, confs=CONFS)
-    for rank in range(4):
-        wait_for_file(tmp_path / f"ready.{rank}", proc, 180)
-    victim = spark_bed.bed.hosts[1]
-    killed_at = time.time()
-    assert spark_bed.bed.signal_host(victim, signal.SIGKILL)
-    out, err = _finish(spark_bed, proc, 300)
+    _, killed_at, out, err = _kill_a_host_once_ready(spark_bed, "elastic-run", tmp_path, 180,
+                                                     300)
     result = json.loads((tmp_path / "result.json").read_text())
     results = result["results"]
     assert [r["rank"] for r in results] == [0, 1] and {r["size"] for r in results} == {2}, \
