@@ -693,11 +693,17 @@ int32_t shvd_gpu_load(const char* cudart_path, const char* nccl_path) {
 const char* shvd_gpu_report(void) { return gpu::load_report().c_str(); }
 
 int32_t shvd_gpu_counters(int64_t* out, int32_t n) {
-  const int64_t values[3] = {gpu::counters().nccl_collectives.load(),
-                             gpu::counters().host_staged_bytes.load(),
-                             gpu::status() == 2 ? int64_t(gpu::nccl().version) : 0};
-  for (int i = 0; i < n && i < 3; ++i) out[i] = values[i];
-  return 3;
+  const gpu::Counters& c = gpu::counters();
+  const int64_t values[8] = {c.nccl_collectives.load(),
+                             c.host_staged_bytes.load(),
+                             gpu::status() == 2 ? int64_t(gpu::nccl().version) : 0,
+                             c.nccl_hierarchical_allreduces.load(),
+                             c.timed_ops.load(),
+                             c.negotiation_ns.load(),
+                             c.launch_ns.load(),
+                             c.gpu_ns.load()};
+  for (int i = 0; i < n && i < 8; ++i) out[i] = values[i];
+  return 8;
 }
 
 int32_t shvd_output_shape(int64_t handle, int64_t* shape, int32_t cap) {

@@ -76,6 +76,17 @@ bool hierarchical_allreduce_tensors(const CollectiveCase& c) {
   return hierarchical_allreduce(c) && c.complete && !c.prescaled &&
          c.reduce_op != ReduceOp::kAdasum;
 }
+// CUDA tensors, chosen as the CPU path's hierarchical allreduce is, where every host has the
+// same number of members (NCCL's reduce-scatter within a host hands every member an equal
+// block, so every member must have a lane): the GPU path runs NCCL within the host, across
+// hosts per lane, and within the host again.
+bool gpu_hierarchical_allreduce(const CollectiveCase& c) {
+  if (!c.on_gpu || c.reduce_op == ReduceOp::kAdasum || !hierarchical_allreduce(c)) return false;
+  const Hierarchy& h = *c.comm->hierarchy;
+  for (int members : h.host_size)
+    if (members != h.lanes) return false;
+  return true;
+}
 // Allgather also needs each host's members consecutive in the set.
 bool hierarchical_allgather(const CollectiveCase& c) {
   return c.comm->hierarchy && c.comm->hierarchy->hosts_contiguous && c.hierarchical != 0;
@@ -199,7 +210,10 @@ bool run_mpi_reducescatter(const CollectiveCall& k) {
 // Adding an algorithm is adding a row (and its file).
 constexpr Algorithm kAlgorithms[] = {
     // CUDA tensors: the GPU path (gpu/gpu_path.h) chooses NCCL or host staging itself and names
-    // the path it took in the timeline (NCCL_ALLREDUCE, ..., CUDA_HOST_STAGED).
+    // the path it took in the timeline (NCCL_ALLREDUCE, ..., CUDA_HOST_STAGED). The engine hands
+    // it the hierarchical row's choice.
+    {OpType::kAllreduce, kNcclHierarchicalAllreduce, gpu_hierarchical_allreduce,
+     Staging::kDevice, nullptr},
     {OpType::kAllreduce, "GPU", on_gpu, Staging::kDevice, nullptr},
     {OpType::kAllgather, "GPU", on_gpu, Staging::kDevice, nullptr},
     {OpType::kBroadcast, "GPU", on_gpu, Staging::kDevice, nullptr},

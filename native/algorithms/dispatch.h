@@ -98,6 +98,10 @@ struct Algorithm {
   bool (*run)(const CollectiveCall&);
 };
 
+// The name of the row that hands a CUDA allreduce over several hosts to the GPU path's
+// hierarchical NCCL allreduce (the engine tells the GPU path so).
+constexpr const char* kNcclHierarchicalAllreduce = "NCCL_HIERARCHICAL_ALLREDUCE";
+
 // The first row after `after` (nullptr: from the top) for `c`. Every op with a row has a last
 // row that always applies. Barrier has none: the negotiation that answers it is the barrier.
 const Algorithm& choose_algorithm(const CollectiveCase& c, const Algorithm* after = nullptr);

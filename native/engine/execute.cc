@@ -5,6 +5,7 @@
 // runs the same code on the same response, so buffer sizes and algorithm choices agree without
 // further messages.
 #include <cstring>
+#include <string>
 
 #include "../algorithms/dispatch.h"
 #include "../include/spark_hvd.h"
@@ -99,6 +100,17 @@ bool on_device_path(const Response& r, const Communicator& comm) {
 }
 
 }  // namespace
+
+// Whether the dispatcher hands CUDA allreduce `r` to the GPU path's hierarchical NCCL allreduce
+// (its row looks at the size and the settings, as the CPU path's does).
+bool Engine::hierarchical_on_device(const Response& r, const Communicator& comm) const {
+  if (r.op != OpType::kAllreduce) return false;
+  size_t count = 0;
+  for (const auto& shape : r.shapes) count += size_t(num_elements(shape));
+  CollectiveCase c = collective_case(r, comm, count, options_, tuned_);
+  c.on_gpu = r.on_gpu;
+  return choose_algorithm(c).name == std::string(kNcclHierarchicalAllreduce);
+}
 
 const Communicator& Engine::communicator(int process_set) {
   auto it = communicators_.find(process_set);
@@ -202,7 +214,8 @@ void Engine::execute_response(const Response& resp) {
       if (!gpu_)
         gpu_ = std::make_unique<gpu::GpuPath>(*this, options_.rank, options_.job_id,
                                               options_.shared_gpu);
-      gpu_->execute(resp, entries, comm, resp.process_set, timeline_);  // completes them
+      gpu_->execute(resp, entries, comm, resp.process_set, timeline_,
+                    hierarchical_on_device(resp, comm));  // completes them
     } else {
       run_on_host(resp, entries, comm);
       for (Entry* e : entries)

@@ -2,11 +2,14 @@
 
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <stdexcept>
 
+#include "../algorithms/dispatch.h"
+#include "../algorithms/hierarchical.h"
 #include "../kernels/reduce_kernels.h"
 #include "../common/logging.h"
 #include "../engine/entry.h"
@@ -165,12 +168,19 @@ Counters& counters() {
   return c;
 }
 
+int64_t steady_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
 void record_ready(TensorPlace& place) {
   if (status() < 1 && load(nullptr, nullptr) < 1)
     throw std::runtime_error("a CUDA tensor was given, but the core has no CUDA runtime: " +
                              load_report());
   try {
     DeviceGuard guard(place.device);
+    place.enqueued_ns = steady_ns();
     place.ready = acquire_event(place.device);
     check_cuda(cuda().EventRecord(place.ready, place.stream), "cudaEventRecord");
   } catch (const std::runtime_error& e) {
@@ -209,8 +219,14 @@ GpuPath::~GpuPath() {
   }
   cv_.notify_all();
   finalizer_.join();
-  for (auto& [key, sc] : comms_)
-    if (sc.comm) aborted_ ? nccl().CommAbort(sc.comm) : nccl().CommDestroy(sc.comm);
+  auto release = [this](ncclComm_t comm) {
+    if (comm) aborted_ ? nccl().CommAbort(comm) : nccl().CommDestroy(comm);
+  };
+  for (auto& [key, sc] : comms_) release(sc.comm);
+  for (auto& [key, hc] : hierarchy_comms_) {
+    release(hc.local);
+    release(hc.cross);
+  }
   for (auto& [index, d] : devices_) {
     cuda().SetDevice(index);
     if (d.fusion) cuda().Free(d.fusion);
@@ -279,20 +295,49 @@ GpuPath::SetComm& GpuPath::set_comm(int set_id, const Communicator& comm, int de
   }
   if (shared_a >= 0) {
     // NCCL tells hosts apart by NCCL_HOSTID: one per rank makes ranks on one GPU look like
-    // separate machines, which NCCL connects through its network transport (sockets).
+    // separate machines, which NCCL connects through its network transport (sockets): over
+    // loopback when every member is on this machine, else over the interface NCCL picks (or
+    // the user's NCCL_SOCKET_IFNAME), which reaches the other hosts.
+    bool one_machine = true;
+    const std::string me(&all[comm.rank * kId]);
+    const std::string machine = me.substr(0, me.rfind('/'));
+    for (int a = 0; a < comm.size; ++a)
+      one_machine = one_machine && std::string(&all[a * kId]).rfind(machine + "/", 0) == 0;
     static std::once_flag once;
-    std::call_once(once, [this] {
+    std::call_once(once, [this, one_machine] {
       const std::string host_id = job_id_ + "-rank" + std::to_string(global_rank_);
       setenv("NCCL_HOSTID", host_id.c_str(), 1);
-      setenv("NCCL_SOCKET_IFNAME", "lo", 0);
+      if (one_machine) setenv("NCCL_SOCKET_IFNAME", "lo", 0);
     });
   }
-  ncclUniqueId uid{};
-  if (comm.rank == 0) check_nccl(nccl().GetUniqueId(&uid), "ncclGetUniqueId");
-  host_.host_broadcast(comm, &uid, sizeof uid, 0);
-  check_cuda(cuda().SetDevice(device_index), "cudaSetDevice");
-  check_nccl(nccl().CommInitRank(&sc.comm, comm.size, uid, comm.rank), "ncclCommInitRank");
+  sc.comm = make_comm(comm, device_index);
   return comms_.emplace(key, sc).first->second;
+}
+
+// An NCCL communicator over `group`'s members (every one calls this at the same point): its
+// first member's unique id travels over the group's own links.
+ncclComm_t GpuPath::make_comm(const Communicator& group, int device_index) {
+  ncclUniqueId uid{};
+  if (group.rank == 0) check_nccl(nccl().GetUniqueId(&uid), "ncclGetUniqueId");
+  host_.host_broadcast(group, &uid, sizeof uid, 0);
+  check_cuda(cuda().SetDevice(device_index), "cudaSetDevice");
+  ncclComm_t made = nullptr;
+  check_nccl(nccl().CommInitRank(&made, group.size, uid, group.rank), "ncclCommInitRank");
+  return made;
+}
+
+// Made at the set's first hierarchical allreduce, by every member at once (the dispatcher's
+// choice is the same on every member): first within each host, then along each lane.
+GpuPath::HierarchyComms& GpuPath::hierarchy_comms(int set_id, const Communicator& comm,
+                                                  int device_index) {
+  const auto key = std::make_pair(set_id, device_index);
+  auto it = hierarchy_comms_.find(key);
+  if (it != hierarchy_comms_.end()) return it->second;
+  const Hierarchy& h = *comm.hierarchy;
+  HierarchyComms hc;
+  hc.local = make_comm(h.local, device_index);
+  hc.cross = make_comm(h.cross, device_index);
+  return hierarchy_comms_.emplace(key, hc).first->second;
 }
 
 void GpuPath::forget_set(int set_id) {
@@ -306,6 +351,16 @@ void GpuPath::forget_set(int set_id) {
       nccl().CommDestroy(it->second.comm);
     }
     it = comms_.erase(it);
+  }
+  for (auto it = hierarchy_comms_.begin(); it != hierarchy_comms_.end();) {
+    if (it->first.first != set_id) {
+      ++it;
+      continue;
+    }
+    for (auto& [index, d] : devices_) cuda().StreamSynchronize(d.stream);
+    nccl().CommDestroy(it->second.local);
+    nccl().CommDestroy(it->second.cross);
+    it = hierarchy_comms_.erase(it);
   }
 }
 
@@ -331,8 +386,27 @@ bool GpuPath::nccl_can_run(const Response& r, const Communicator& comm) const {
   }
 }
 
+// Whether allreduce `r` (one NCCL can run) splits into the hierarchical steps: a reduction
+// applied within the host (scaled there, once) and then unscaled across hosts. NCCL's own
+// average of integers (ncclAvg) divides at the end and does not split.
+bool splits_into_steps(const Response& r) {
+  return r.reduce_op != ReduceOp::kAverage || is_float(r.dtype);
+}
+
+// The reduction of the steps after the first (which applied any scaling).
+ncclRedOp_t unscaled(const Response& r) {
+  const bool boolean = r.dtype == DataType::kBool;
+  switch (r.reduce_op) {
+    case ReduceOp::kMin: return ncclMin;
+    case ReduceOp::kMax: return ncclMax;
+    case ReduceOp::kProduct: return boolean ? ncclMin : ncclProd;
+    default: return boolean ? ncclMax : ncclSum;
+  }
+}
+
 void GpuPath::execute(const Response& r, std::vector<Entry*>& entries, const Communicator& comm,
-                      int set_id, Timeline& timeline) {
+                      int set_id, Timeline& timeline, bool hierarchical) {
+  const int64_t executed_ns = steady_ns();
   int index = last_device_;
   for (Entry* e : entries)
     if (e) {
@@ -351,14 +425,20 @@ void GpuPath::execute(const Response& r, std::vector<Entry*>& entries, const Com
       }
     SetComm& sc = set_comm(set_id, comm, index);
     const bool staged = sc.staged || !nccl_can_run(r, comm);
-    path = staged ? "CUDA_HOST_STAGED" : nccl_phase(r.op);
+    hierarchical = hierarchical && !staged && comm.hierarchy && splits_into_steps(r);
+    path = staged         ? "CUDA_HOST_STAGED"
+           : hierarchical ? kNcclHierarchicalAllreduce
+                          : nccl_phase(r.op);
     if (timeline.active())
       for (const auto& n : r.names) timeline.begin(r.op, n, path);
     if (staged) {
       run_staged(r, entries, comm, d);
+    } else if (hierarchical) {
+      run_nccl_hierarchical(r, entries, comm, hierarchy_comms(set_id, comm, index), d);
+      finish_async(d, entries, executed_ns);
     } else {
       run_nccl(r, entries, sc, d);
-      finish_async(d, entries);
+      finish_async(d, entries, executed_ns);
     }
   } catch (const std::exception& ex) {
     for (Entry* e : entries)
@@ -530,6 +610,57 @@ void GpuPath::run_nccl(const Response& r, std::vector<Entry*>& entries, const Se
   }
 }
 
+void GpuPath::run_nccl_hierarchical(const Response& r, std::vector<Entry*>& entries,
+                                    const Communicator& comm, const HierarchyComms& hc,
+                                    Device& d) {
+  const NcclApi& n = nccl();
+  const CudaApi& c = cuda();
+  cudaStream_t s = d.stream;
+  const size_t esize = dtype_size(r.dtype);
+  const Hierarchy& h = *comm.hierarchy;
+  std::vector<size_t> counts;
+  size_t total = 0;
+  for (const auto& shape : r.shapes) total += counts.emplace_back(size_t(num_elements(shape)));
+  // One equal block per member of my host (every host has as many members as lanes).
+  const size_t members = size_t(h.local.size);
+  const size_t block = (total + members - 1) / members;
+  auto* buf = static_cast<uint8_t*>(fusion_buffer(d, std::max<size_t>(block * members, 1) * esize));
+  size_t off = 0;
+  for (size_t i = 0; i < entries.size(); ++i) {
+    const size_t bytes = counts[i] * esize;
+    if (entries[i])
+      check_cuda(c.MemcpyAsync(buf + off, entries[i]->input, bytes, cudaMemcpyDeviceToDevice, s),
+                 "cudaMemcpyAsync");
+    else  // a joined rank contributes zeros
+      check_cuda(c.MemsetAsync(buf + off, 0, bytes, s), "cudaMemsetAsync");
+    off += bytes;
+  }
+  if (block * members > total)  // the padding: reduced, never read back
+    check_cuda(c.MemsetAsync(buf + off, 0, (block * members - total) * esize, s),
+               "cudaMemsetAsync");
+  const int type = nccl_type(r.dtype);
+  uint8_t* mine = buf + size_t(h.local.rank) * block * esize;
+  counters().nccl_collectives++;
+  counters().nccl_hierarchical_allreduces++;
+  // Scaling (prescale, postscale, 1/n of the whole set) is applied once, in the first step.
+  bool created = false;
+  const ncclRedOp_t first = reduction(r, comm.size, hc.local, &created);
+  check_nccl(n.ReduceScatter(buf, mine, block, type, first, hc.local, s),
+             "ncclReduceScatter (within the host)");
+  if (created) n.RedOpDestroy(first, hc.local);
+  check_nccl(n.AllReduce(mine, mine, block, type, unscaled(r), hc.cross, s),
+             "ncclAllReduce (across hosts)");
+  check_nccl(n.AllGather(mine, buf, block, type, hc.local, s), "ncclAllGather (within the host)");
+  off = 0;
+  for (size_t i = 0; i < entries.size(); ++i) {
+    const size_t bytes = counts[i] * esize;
+    if (entries[i] && bytes)
+      check_cuda(c.MemcpyAsync(entries[i]->output, buf + off, bytes, cudaMemcpyDeviceToDevice, s),
+                 "cudaMemcpyAsync");
+    off += bytes;
+  }
+}
+
 void GpuPath::run_staged(const Response& r, std::vector<Entry*>& entries,
                          const Communicator& comm, Device& d) {
   const CudaApi& c = cuda();
@@ -588,11 +719,16 @@ void GpuPath::run_staged(const Response& r, std::vector<Entry*>& entries,
   host_.wake_waiters();
 }
 
-void GpuPath::finish_async(Device& d, std::vector<Entry*>& entries) {
+void GpuPath::finish_async(Device& d, std::vector<Entry*>& entries, int64_t executed_ns) {
   Job job;
   job.device = d.index;
+  job.executed_ns = executed_ns;
+  for (Entry* e : entries)
+    if (e && e->gpu.enqueued_ns && (!job.enqueued_ns || e->gpu.enqueued_ns < job.enqueued_ns))
+      job.enqueued_ns = e->gpu.enqueued_ns;
   job.done = acquire_event(d.index);
   check_cuda(cuda().EventRecord(job.done, d.stream), "cudaEventRecord");
+  job.launched_ns = steady_ns();
   for (Entry* e : entries)
     if (e) job.entries.push_back(std::move(*e));
   {
@@ -639,6 +775,13 @@ void GpuPath::finalizer_loop() {
       std::lock_guard<std::mutex> lock(mu_);
       kind = SHVD_ERR_INTERNAL;
       error = abort_reason_;
+    }
+    if (err == cudaSuccess && job.enqueued_ns) {
+      Counters& c = counters();
+      c.timed_ops++;
+      c.negotiation_ns += job.executed_ns - job.enqueued_ns;
+      c.launch_ns += job.launched_ns - job.executed_ns;
+      c.gpu_ns += steady_ns() - job.launched_ns;
     }
     if (err != cudaErrorNotReady) release_event(job.device, job.done);
     for (Entry& e : job.entries) host_.complete_entry(e, kind, error);

@@ -2,6 +2,8 @@
 // the user's thread at enqueue, waited for by the core's stream when the op runs.
 #pragma once
 
+#include <cstdint>
+
 #include "gpu_libraries.h"
 
 namespace shvd {
@@ -12,6 +14,7 @@ struct TensorPlace {
   int device = -1;
   cudaStream_t stream = nullptr;  // the caller's stream at enqueue
   cudaEvent_t ready = nullptr;    // recorded on `stream` at enqueue
+  int64_t enqueued_ns = 0;        // steady clock at enqueue (the path's latency counters)
 };
 
 // Records where `place.stream` stands (user thread; `place.device` set). Throws

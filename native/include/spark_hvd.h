@@ -311,7 +311,11 @@ int32_t shvd_output_copy(int64_t handle, void* dst, void* stream);
 int32_t shvd_gpu_load(const char* cudart_path, const char* nccl_path);
 const char* shvd_gpu_report(void); /* what shvd_gpu_load found, in words */
 /* out[0] collectives run through NCCL, out[1] bytes of CUDA tensors staged through host memory
- * by the core, out[2] the NCCL version (0 if none). Writes min(n, 3); returns 3. */
+ * by the core, out[2] the NCCL version (0 if none), out[3] allreduces (of out[0]) run
+ * hierarchically (NCCL within hosts and across them); where NCCL ops' latency went, summed
+ * over out[4] ops: out[5] ns from enqueue to execution (queue, negotiation), out[6] ns from
+ * there to the GPU work being enqueued, out[7] ns from there to the op seen done. Writes
+ * min(n, 8); returns 8. */
 int32_t shvd_gpu_counters(int64_t* out, int32_t n);
 
 /* The run-time settings the latest collective of this rank ran with (autotuning changes them,

@@ -80,12 +80,26 @@ def count_python_staged(nbytes):
 
 
 def counters():
-    """``{"nccl_collectives", "host_staged_bytes", "nccl_version"}`` of this process: the
-    collectives the core ran through NCCL, the bytes of CUDA tensors copied through host memory
-    (by the core, where NCCL could not run a collective, or by an adapter when no CUDA runtime
-    was found), and the NCCL version in use (0: none)."""
-    out = (ctypes.c_int64 * 3)()
-    lib.shvd_gpu_counters(out, 3)
+    """``{"nccl_collectives", "host_staged_bytes", "nccl_version",
+    "nccl_hierarchical_allreduces"}`` of this process: the collectives the core ran through
+    NCCL, the bytes of CUDA tensors copied through host memory (by the core, where NCCL could not
+    run a collective, or by an adapter when no CUDA runtime was found), the NCCL version in use
+    (0: none), and the allreduces (counted in the first) that ran hierarchically: NCCL within
+    each host, then across hosts, then within the host again.
+
+    Where the NCCL ops' latency went, summed over ``latency_ops`` of them (nanoseconds):
+    ``latency_negotiation_ns`` from the enqueue to the engine executing the op (queue and
+    negotiation), ``latency_launch_ns`` from there to its GPU work being enqueued (events, fusion
+    copies, NCCL's launch), ``latency_gpu_ns`` from there to the core seeing it done (the GPU's
+    time and the finalizer's polling). The rest of a caller's time is its wake-up and the
+    framework's layers (benchmarks/gpu_latency.py prints the breakdown)."""
+    out = (ctypes.c_int64 * 8)()
+    lib.shvd_gpu_counters(out, 8)
     return {"nccl_collectives": int(out[0]),
             "host_staged_bytes": int(out[1]) + _python_staged_bytes,
-            "nccl_version": int(out[2])}
+            "nccl_version": int(out[2]),
+            "nccl_hierarchical_allreduces": int(out[3]),
+            "latency_ops": int(out[4]),
+            "latency_negotiation_ns": int(out[5]),
+            "latency_launch_ns": int(out[6]),
+            "latency_gpu_ns": int(out[7])}

@@ -260,8 +260,9 @@ def cuda_built():
 
 def gpu_counters():
     """What the GPU path did in this process: ``nccl_collectives`` (collectives run through
-    NCCL), ``host_staged_bytes`` (bytes of CUDA tensors copied through host memory) and
-    ``nccl_version`` (0: no NCCL)."""
+    NCCL), ``host_staged_bytes`` (bytes of CUDA tensors copied through host memory),
+    ``nccl_version`` (0: no NCCL) and ``nccl_hierarchical_allreduces`` (those allreduces that ran
+    hierarchically: NCCL within each host, across hosts, within the host again)."""
     from . import _gpu
     return _gpu.counters()
 

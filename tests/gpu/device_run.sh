@@ -3,9 +3,14 @@
 # no PySpark, Java or TensorFlow needed): the build, the GPU suite, both benchmarks' --quick
 # CUDA runs. From the repository root:
 #
-#   bash tests/gpu/device_run.sh build test     # ~1 min build (16 cores) + ~2-3 min suite
+#   bash tests/gpu/device_run.sh build test     # ~1 min build (16 cores) + ~4-5 min suite
+#   bash tests/gpu/device_run.sh build hosts    # the CUDA tests of the network-namespace bed
+#   bash tests/gpu/device_run.sh build latency  # benchmarks/gpu_latency.py --quick (~1 min)
 #   bash tests/gpu/device_run.sh build bench    # + ~1 min allreduce, ~1 min scaling
-#   bash tests/gpu/device_run.sh                # all of it (about 6 minutes)
+#   bash tests/gpu/device_run.sh                # build test hosts latency (about 8 minutes)
+#
+# Python packages the GPU machine lacks travel as wheels in .whl/ (tests/gpu/README.md says
+# which: Keras for the Keras-on-torch test); they are installed into /tmp/site first.
 #
 # Every stage runs under a timeout; logs, Markdown tables and JSON records go to $OUT (or
 # /tmp/spark_hvd_gpu_out); the end prints a summary. Exit status: 1 if a stage failed.
@@ -16,7 +21,11 @@ mkdir -p "$OUT"
 PY=${PYTHON:-python3}
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 export PYTHONUNBUFFERED=1
-stages=${*:-build test bench}
+stages=${*:-build test hosts latency}
+if compgen -G ".whl/*.whl" > /dev/null; then
+    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+        --target /tmp/site .whl/*.whl && export PYTHONPATH=$PYTHONPATH:/tmp/site
+fi
 failed=()
 
 stage() {  # stage NAME SECONDS COMMAND...: runs COMMAND under a timeout, logs to $OUT/NAME.log
@@ -54,6 +63,16 @@ for s in $stages; do
             stage pytest 330 "$PY" -m pytest tests/gpu -v -rP -p no:cacheprovider --durations=20
         grep -E "PASSED|FAILED|ERROR|SKIPPED|passed|failed|^E  " "$OUT/pytest.log" | head -80
         ;;
+    hosts)
+        # Needs root, iproute2 and sshd (tests/multihost/bed.py); skipped with the reason if not.
+        stage hosts 300 "$PY" -m pytest -v -rs -p no:cacheprovider \
+            tests/multihost/test_hierarchical_hosts.py tests/multihost/test_lost_hosts.py -k nccl
+        grep -E "PASSED|FAILED|ERROR|SKIPPED|passed|failed|^E  " "$OUT/hosts.log" | head -40
+        ;;
+    latency)
+        stage latency 200 "$PY" benchmarks/gpu_latency.py --quick
+        sed -n '/^Small CUDA allreduces/,$p' "$OUT/latency.log"
+        ;;
     bench)
         stage allreduce 170 "$PY" benchmarks/allreduce.py --device cuda --quick \
             --json "$OUT/allreduce.json"
@@ -63,7 +82,7 @@ for s in $stages; do
         sed -n '/^## Training step/,$p' "$OUT/scaling.log"
         ;;
     *)
-        echo "unknown stage $s (build, test, bench)"
+        echo "unknown stage $s (build, test, hosts, latency, bench)"
         exit 2
         ;;
     esac

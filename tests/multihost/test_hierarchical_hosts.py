@@ -6,6 +6,7 @@ sends half its bytes across instead of three quarters)."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import sys
 from collections import defaultdict
@@ -78,3 +79,39 @@ def _cross_host_bytes(bed) -> int:
     """Bytes every host has sent on its link to the others so far."""
     return sum(int(bed.run(h, ["cat", "/sys/class/net/eth0/statistics/tx_bytes"]).stdout)
                for h in bed.hosts)
+
+
+def _no_cuda_reason() -> str | None:
+    if os.environ.get("GPU_SUITE_DRY_RUN_ON_CPU") == "1":
+        return None  # the harness on CPU tensors (tests/gpu/conftest.py): proves nothing of CUDA
+    try:
+        import torch
+    except Exception as e:  # noqa: BLE001 - no torch, no CUDA test
+        return f"torch is not importable ({e})"
+    return None if torch.cuda.is_available() else "no CUDA device (the GPU suite's machine runs it)"
+
+
+GPU_WORKER = str(Path(__file__).resolve().parents[1] / "gpu" / "workers" / "hierarchical.py")
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("setting", ["on", "off"])
+def test_nccl_hierarchical_across_hosts(bed2_2gbit_sshd, setting):
+    """CUDA tensors on the bed (issue 33, part 4): 2 hosts x 2 ranks, every rank on the
+    machine's GPU with its own NCCL host identity (SPARK_HVD_SHARED_GPU=nccl), NCCL's sockets
+    across the bridge (NCCL_SOCKET_IFNAME=eth0): every allreduce of tests/gpu/workers/
+    hierarchical.py exact and bitwise equal on the 4 ranks, hierarchical (NCCL within each host,
+    across hosts per lane, within the host again) when forced on, flat when off."""
+    reason = _no_cuda_reason()
+    if reason:
+        pytest.skip(reason)
+    bed, access = bed2_2gbit_sshd
+    flag = "--hierarchical-allreduce" if setting == "on" else "--no-hierarchical-allreduce"
+    done = launch(["-np", "4", "-H", host_list(bed.hosts, 2), "-i", access.identity_file,
+                   "--start-timeout", "30", flag, PY, GPU_WORKER, "--expect", "nccl",
+                   "--hierarchical", setting],
+                  env={"SPARK_HVD_SHARED_GPU": "nccl", "NCCL_SOCKET_IFNAME": "eth0"},
+                  timeout=180)
+    assert done.returncode == 0, done.stdout + done.stderr
+    for rank in range(4):
+        assert f"[{rank}]<stdout>: OK rank={rank}" in done.stdout, done.stdout + done.stderr

@@ -189,16 +189,38 @@ def _end_sshd_sessions(job: BedJob, host: Host) -> None:
     job.assert_nothing_left(host, timeout=40)
 
 
+def _cuda_env() -> dict:
+    """The environment of a job whose ranks share this machine's GPU across the bed's hosts
+    (each its own NCCL host identity, NCCL's sockets over the bridge); skips without a GPU.
+    GPU_SUITE_DRY_RUN_ON_CPU=1 runs the job on CPU tensors instead, to check the harness."""
+    if os.environ.get("GPU_SUITE_DRY_RUN_ON_CPU") == "1":
+        return {}
+    try:
+        import torch
+        cuda = torch.cuda.is_available()
+    except Exception:  # noqa: BLE001 - no torch, no CUDA
+        cuda = False
+    if not cuda:
+        pytest.skip("no CUDA device (the GPU suite's machine runs it: tests/gpu/device_run.sh)")
+    return {"FRAMEWORK": "torch-cuda", "SPARK_HVD_SHARED_GPU": "nccl",
+            "NCCL_SOCKET_IFNAME": "eth0"}
+
+
 @pytest.mark.timeout(150)
-def test_link_down_mid_allreduce(bed2, tmp_path):
+@pytest.mark.parametrize("tensors", ["cpu", "nccl"])
+def test_link_down_mid_allreduce(bed2, tmp_path, tensors):
     """h1's link goes down while the ranks stream 1M-float allreduces (torch): ranks 0 and 1
     (h0) raise HorovodInternalError naming a rank of h1 within the peer timeout; the launcher
     exits non-zero; the ranks of h1, cut off from everything (the launcher's ssh too), end by
-    themselves; nothing of the job is left in either host."""
+    themselves; nothing of the job is left in either host. ``nccl``: CUDA tensors through NCCL
+    across the bridge (issue 33, part 3; needs a GPU): the core aborts the survivors' NCCL
+    communicators, whose kernels wait for h1, instead of leaving them hanging."""
     h0, h1 = bed2.hosts
-    job = BedJob(bed2, tmp_path, [1 << 20, 0], {"FRAMEWORK": "torch",
-                                                "SPARK_HVD_PEER_TIMEOUT_SECONDS": PEER_TIMEOUT})
-    job.wait_for(r"READY rank=", 4, timeout=90)
+    env = {"FRAMEWORK": "torch", "SPARK_HVD_PEER_TIMEOUT_SECONDS": PEER_TIMEOUT}
+    if tensors == "nccl":
+        env.update(_cuda_env())
+    job = BedJob(bed2, tmp_path, [1 << 20, 0], env)
+    job.wait_for(r"READY rank=", 4, timeout=120)
     time.sleep(0.5)  # well inside the stream
     fault_at, errors = _cut_link(job, h1, [0, 1])
     # The rank that saw the link die names the lost rank, its host and the setting; the other

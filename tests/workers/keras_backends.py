@@ -25,12 +25,16 @@ BACKEND = keras.backend.backend()
 if BACKEND == "torch":
     import torch
     torch.set_num_threads(1)
+    if torch.cuda.is_available():  # Keras's torch backend then trains on the current GPU
+        torch.cuda.set_device(int(os.environ.get("SPARK_HVD_LOCAL_RANK", "0"))
+                              % torch.cuda.device_count())
 elif BACKEND == "tensorflow":
     import tensorflow as tf
     tf.config.threading.set_intra_op_parallelism_threads(1)
     tf.config.threading.set_inter_op_parallelism_threads(1)
 
 import spark_hvd.keras as hvd  # noqa: E402
+from spark_hvd.common import gpu_counters  # noqa: E402
 from _wutil import Checks  # noqa: E402
 
 FEATURES, CLASSES, ROWS, TEST_ROWS = 8, 4, 1024, 512
@@ -155,7 +159,10 @@ def main():
     if rank == 0:
         with open(out_path, "w") as f:
             json.dump({"backend": BACKEND, "accuracy": float(accuracy), "loss": float(loss),
-                       "losses": [e["loss"] for e in averaged.epoch_logs]}, f)
+                       "losses": [e["loss"] for e in averaged.epoch_logs],
+                       # Where the weights lived and what the core's GPU path did (tests/gpu).
+                       "device": str(getattr(model.weights[0].value, "device", "cpu")),
+                       "gpu_counters": dict(gpu_counters())}, f)
     c.finish(backend=BACKEND, accuracy=f"{accuracy:.4f}", loss=f"{loss:.5f}")
 
 

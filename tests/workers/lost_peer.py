@@ -9,7 +9,9 @@ Usage: lost_peer.py ELEMS OPS [LATE_RANKS LATE_SECONDS [STOP_RANK STOP_AFTER CON
   STOP_RANK     this rank SIGSTOPs itself (from a thread, so most likely mid-transfer) once it
                 completed STOP_AFTER allreduces of the stream; CONT_AFTER > 0: a helper process
                 resumes it that many seconds later
-$FRAMEWORK: "torch" or "numpy" (default). Every rank prints "READY rank=R host=H" after a first
+$FRAMEWORK: "torch", "torch-cuda" (CUDA tensors: the NCCL path; every rank on the GPU of its
+local rank, modulo the GPUs there are) or "numpy" (default). $STOP_SIGNAL=KILL makes STOP_RANK
+SIGKILL itself instead (a rank lost for good, its sockets closed by its kernel). Every rank prints "READY rank=R host=H" after a first
 allreduce, "ERROR rank=R at=T called=C ops=N error=..." (T, C: time.monotonic() of the failure
 and of the failed call; the clock is shared by every network namespace of the machine) and exits
 3 when an op raises HorovodInternalError, or "OK rank=R ops=N seconds=S" when OPS completed with
@@ -34,6 +36,13 @@ def _framework():
         import torch
         import spark_hvd.torch as hvd
         return hvd, lambda a: torch.from_numpy(a), lambda t: t.numpy()
+    if os.environ.get("FRAMEWORK") == "torch-cuda":
+        import torch
+        import spark_hvd.torch as hvd
+        local = int(os.environ.get("SPARK_HVD_LOCAL_RANK", "0"))
+        torch.cuda.set_device(local % torch.cuda.device_count())
+        return (hvd, lambda a: torch.from_numpy(a).cuda(),
+                lambda t: t.cpu().numpy())  # .cpu() waits for the collective's stream
     import spark_hvd.numpy as hvd
     return hvd, lambda a: a, lambda a: a
 
@@ -44,8 +53,9 @@ def _stop_later(progress, after_ops, cont_after):
             time.sleep(0.001)
         if cont_after > 0:  # a separate process: this one cannot resume itself
             subprocess.Popen(["sh", "-c", f"sleep {cont_after}; kill -CONT {os.getpid()}"])
-        print(f"STOPPING rank at={time.monotonic():.3f}", flush=True)
-        os.kill(os.getpid(), signal.SIGSTOP)
+        kill = os.environ.get("STOP_SIGNAL") == "KILL"
+        print(f"{'KILLING' if kill else 'STOPPING'} rank at={time.monotonic():.3f}", flush=True)
+        os.kill(os.getpid(), signal.SIGKILL if kill else signal.SIGSTOP)
     threading.Thread(target=stop, daemon=True).start()
 
 
