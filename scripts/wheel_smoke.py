@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -97,7 +98,16 @@ def make_venv(wheel: Path, root: Path, python: str = sys.executable) -> dict:
     """The venv (see the module docstring) under ``root``: its python, spark-hvd-run, the
     environment the jobs run with, where they run, and its site-packages."""
     venv = root / "venv"
-    subprocess.run([python, "-m", "venv", str(venv)], check=True, timeout=300)
+    made = subprocess.run([python, "-m", "venv", str(venv)], capture_output=True, text=True,
+                          timeout=300)
+    pip = None  # the venv's own pip
+    if made.returncode != 0:
+        # An interpreter without ensurepip (Debian's python3 without python3-venv): a venv
+        # without pip, into which the given interpreter's pip installs (pip --python).
+        shutil.rmtree(venv, ignore_errors=True)
+        subprocess.run([python, "-m", "venv", "--without-pip", str(venv)], check=True,
+                       timeout=300)
+        pip = [python, "-m", "pip", "--python", str(venv / "bin" / "python")]
     py = venv / "bin" / "python"
     site = subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()"
                            "['purelib'])"], capture_output=True, text=True,
@@ -118,9 +128,9 @@ def make_venv(wheel: Path, root: Path, python: str = sys.executable) -> dict:
            if k not in ("PYTHONPATH", "CXX", "CC", "SPARK_HVD_TOOLCHAIN")
            and not k.startswith(("SPARK_HVD_", "HOROVOD_"))}
     env.update(PATH=f"{stubs}:{venv / 'bin'}:{env.get('PATH', '')}", TF_CPP_MIN_LOG_LEVEL="3")
-    install = subprocess.run([str(py), "-m", "pip", "install", "--no-index", "--no-deps",
-                              "--only-binary=:all:", str(wheel)], capture_output=True, text=True,
-                             env=env, timeout=600, cwd=root)
+    install = subprocess.run([*(pip or [str(py), "-m", "pip"]), "install", "--no-index",
+                              "--no-deps", "--only-binary=:all:", str(wheel)],
+                             capture_output=True, text=True, env=env, timeout=600, cwd=root)
     if install.returncode != 0:
         raise RuntimeError(f"pip install failed:\n{install.stdout}{install.stderr}")
     where = subprocess.run([str(py), "-c", "import spark_hvd; print(spark_hvd.__file__)"],

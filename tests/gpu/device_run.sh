@@ -7,6 +7,8 @@
 #   bash tests/gpu/device_run.sh build hosts    # the CUDA tests of the network-namespace bed
 #   bash tests/gpu/device_run.sh build latency  # benchmarks/gpu_latency.py --quick (~1 min)
 #   bash tests/gpu/device_run.sh build bench    # + ~1 min allreduce, ~1 min scaling
+#   bash tests/gpu/device_run.sh wheel          # issue 32: the manylinux wheel carried in
+#                                               # .wheel-gpu/ passes tests/gpu (~4 min)
 #   bash tests/gpu/device_run.sh                # build test hosts latency (about 8 minutes)
 #
 # Python packages the GPU machine lacks travel as wheels in .whl/ (tests/gpu/README.md says
@@ -69,6 +71,15 @@ for s in $stages; do
             tests/multihost/test_hierarchical_hosts.py tests/multihost/test_lost_hosts.py -k nccl
         grep -E "PASSED|FAILED|ERROR|SKIPPED|passed|failed|^E  " "$OUT/hosts.log" | head -40
         ;;
+    wheel)
+        # The wheel built here with `make wheel TORCH_WHEELS=<a torch wheel of this machine's
+        # minor>` (docs/installing.md), carried in .wheel-gpu/: installed alone into a venv that
+        # sees this machine's CUDA torch, the GPU suite run from outside the repository.
+        stage wheel 420 "$PY" scripts/wheel_gpu_check.py .wheel-gpu/spark_hvd-*.whl \
+            --durations=10
+        grep -E "installed in|imported from|PASSED|FAILED|ERROR|SKIPPED|passed|failed|^E  " \
+            "$OUT/wheel.log" | head -60
+        ;;
     latency)
         stage latency 200 "$PY" benchmarks/gpu_latency.py --quick
         sed -n '/^Small CUDA allreduces/,$p' "$OUT/latency.log"
@@ -82,7 +93,7 @@ for s in $stages; do
         sed -n '/^## Training step/,$p' "$OUT/scaling.log"
         ;;
     *)
-        echo "unknown stage $s (build, test, hosts, latency, bench)"
+        echo "unknown stage $s (build, test, hosts, latency, bench, wheel)"
         exit 2
         ;;
     esac
