@@ -70,6 +70,18 @@ def test_accuracy_matches_tensorflow(jobs, backend):
     assert mine["loss"] == pytest.approx(tf_run["loss"], rel=1e-4)
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_backward_passes_per_step_on_backend(backend):
+    """DistributedOptimizer(backward_passes_per_step=2) in model.fit, with and without
+    average_aggregated_gradients (and, on torch and JAX, a Keras optimizer's own
+    gradient_accumulation_steps=2): the weights the definition gives (computed in NumPy, the
+    same on every backend), bitwise equal on both ranks, iterations counting every batch, and
+    on torch and JAX one gradient allreduce per 2 batches (tests/workers/keras_accumulation.py)."""
+    pytest.importorskip("tensorflow" if backend == "tensorflow" else backend)
+    result = run_job(2, "keras_accumulation", env={"KERAS_BACKEND": backend}, timeout=240)
+    result.assert_ok(2)
+
+
 def test_unsupported_backend_is_refused_on_every_rank(tmp_path):
     """Keras' NumPy backend (inference only) is not one spark_hvd.keras can train on: importing
     it fails on each rank with the backends it supports and how to pick one."""

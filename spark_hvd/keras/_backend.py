@@ -90,6 +90,12 @@ class _Backend:
         """The ``HorovodInternalError`` that ``error`` stands for, or None."""
         return error if isinstance(error, HorovodInternalError) else None
 
+    def on_update_step(self, optimizer, reduce, grads):
+        """``reduce(grads)`` for the gradients Keras' accumulation applies: its optimizer
+        calls ``_clip_gradients`` on update steps only (torch; TensorFlow's accumulation is
+        spark_hvd's own)."""
+        return reduce(grads)
+
 
 class _TensorFlow(_Backend):
     """KERAS_BACKEND=tensorflow: spark_hvd.tensorflow's ops."""
@@ -222,6 +228,12 @@ class _Jax(_NumPyValues):
 
     def gradient_allreducer(self, **kwargs):
         return _NeutralAllreducer(self._reduce_group, **kwargs)
+
+    def on_update_step(self, optimizer, reduce, grads):
+        # Keras' JAX optimizer computes every step's update and keeps only the update steps':
+        # communicate on those only (the same steps on every rank: the iteration counter).
+        is_update = (optimizer._iterations + 1) % optimizer.gradient_accumulation_steps == 0
+        return self._jax.lax.cond(is_update, lambda: list(reduce(grads)), lambda: list(grads))
 
     def sync_model_state(self, model):
         # model.fit keeps JAX's state outside the variables between its own syncs: write it

@@ -8,10 +8,16 @@ core is the backend's business (:mod:`spark_hvd.keras._backend`): TensorFlow's o
 ``tf.function`` that ``model.fit`` traces, spark_hvd.torch's on torch, an ordered callback
 out of the compiled step on JAX.
 
-``backward_passes_per_step=N`` (TensorFlow backend) accumulates gradients locally in
-(untracked) variables; every N-th call allreduces the sum (divided by N with
-``average_aggregated_gradients``) and applies it. The calls in between only advance
-``optimizer.iterations`` (Horovod's semantics, so learning-rate schedules see every step).
+``backward_passes_per_step=N`` accumulates gradients locally; every N-th call allreduces the
+sum (divided by N with ``average_aggregated_gradients``) and applies it. The calls in between
+only advance ``optimizer.iterations`` (Horovod's semantics, so learning-rate schedules see every
+step). On TensorFlow the sums live in (untracked) variables of spark_hvd's own; on torch and JAX
+it is Keras' own ``gradient_accumulation_steps`` (its accumulators live in the optimizer's
+state, which JAX's compiled step carries), and the accumulated gradients are reduced where Keras
+applies them (``_clip_gradients``, on update steps only: in a ``lax.cond`` on JAX, whose
+optimizer computes every step's update and keeps only the update steps'). A Keras optimizer
+made with ``gradient_accumulation_steps`` gets the same on torch and JAX: one allreduce per
+update, of the gradients averaged over its steps.
 
 The optimizer is wrapped in place: its class becomes a subclass of its class with the same
 name and module, so ``isinstance`` checks, ``get_config`` and saved models are those of the
@@ -38,6 +44,10 @@ class _State:
         self.sparse_as_dense = sparse_as_dense
         self.accumulators = None
         self.counter = None
+        # torch and JAX: Keras' own accumulation (gradient_accumulation_steps); the gradients of
+        # the step being applied are reduced in _clip_gradients, for `variables`.
+        self.keras_accumulation = False
+        self.variables = None
 
     def build_accumulators(self, variables):
         if self.passes == 1 or self.accumulators is not None:
@@ -63,6 +73,33 @@ class _DistributedOptimizer:
         super().build(variables)
         self._hvd.build_accumulators(self._trainable_variables)
 
+    @property
+    def iterations(self):
+        """Every ``apply`` counts (Horovod's semantics), also while gradients accumulate."""
+        if self._hvd.keras_accumulation:
+            return self._iterations
+        return super().iterations
+
+    def _backend_apply_gradients(self, grads, trainable_variables):
+        # The variables of the gradients Keras hands _clip_gradients (empty ones filtered out).
+        self._hvd.variables = list(trainable_variables)
+        return super()._backend_apply_gradients(grads, trainable_variables)
+
+    def _clip_gradients(self, grads):
+        state = self._hvd
+        if state.keras_accumulation:
+            grads = _backend.current().on_update_step(self, self._hvd_reduce_accumulated, grads)
+        return super()._clip_gradients(grads)
+
+    def _hvd_reduce_accumulated(self, grads):
+        """Keras' accumulated gradients (its mean over the passes), averaged across ranks;
+        summed over the passes unless ``average_aggregated_gradients`` (Horovod's default)."""
+        state = self._hvd
+        reduced = state.allreducer(list(grads), state.variables)
+        if not state.average_aggregated:
+            reduced = [None if r is None else r * state.passes for r in reduced]
+        return reduced
+
     @_backend.not_converted
     def apply(self, grads, trainable_variables=None):
         """Averages ``grads`` across ranks, then applies them with the wrapped optimizer."""
@@ -70,6 +107,8 @@ class _DistributedOptimizer:
         if trainable_variables is not None:
             trainable_variables = list(trainable_variables)
         state = self._hvd
+        if state.keras_accumulation:  # reduced by _clip_gradients on update steps
+            return super().apply(grads, trainable_variables)
         if state.passes == 1:
             variables = trainable_variables if trainable_variables is not None else \
                 getattr(self, "_trainable_variables", None)
@@ -147,8 +186,8 @@ def DistributedOptimizer(optimizer, name=None, device_dense='', device_sparse=''
         op: ``Average`` (default), ``Sum`` or ``Adasum`` (gradients combined with Adasum; a
             power-of-two number of ranks).
         backward_passes_per_step: accumulate gradients locally over this many ``apply`` calls
-            and communicate once (TensorFlow backend; elsewhere a ValueError names Keras'
-            ``gradient_accumulation_steps`` instead).
+            and communicate once (on torch and JAX through Keras' ``gradient_accumulation_steps``,
+            which must then be unset or equal).
         average_aggregated_gradients: divide the accumulated gradients by
             ``backward_passes_per_step``.
         num_groups, groups: split the gradients into that many grouped allreduces, or lists
@@ -172,23 +211,39 @@ def DistributedOptimizer(optimizer, name=None, device_dense='', device_sparse=''
     passes = int(backward_passes_per_step)
     if passes < 1:
         raise ValueError("backward_passes_per_step must be > 0")
-    if passes > 1 and backend != "tensorflow":
+    keras_steps = getattr(optimizer, "gradient_accumulation_steps", None)
+    if passes > 1 and keras_steps and keras_steps != passes:
         raise ValueError(
-            f"DistributedOptimizer(backward_passes_per_step={passes}) accumulates gradients "
-            f"in TensorFlow variables; Keras runs on {backend!r} here. Use Keras' own "
-            f"accumulation instead: pass gradient_accumulation_steps={passes} to the Keras "
-            f"optimizer (the gradients are then averaged across ranks every step and over "
-            f"the steps by Keras), or run with KERAS_BACKEND=tensorflow.")
+            f"DistributedOptimizer(backward_passes_per_step={passes}) wraps an optimizer made "
+            f"with gradient_accumulation_steps={keras_steps}: give one of them, or the same "
+            f"number to both.")
     allreducer = _backend.current().gradient_allreducer(
         compression=compression, sparse_as_dense=sparse_as_dense, op=op,
         gradient_predivide_factor=gradient_predivide_factor, groups=groups,
         process_set=process_set, name=None, scale_local_gradients=scale_local_gradients)
+    if backend != "tensorflow" and (passes > 1 or keras_steps):
+        # Keras' accumulation: Keras averages over the steps, as the user who asked Keras for
+        # it expects; backward_passes_per_step keeps Horovod's sum unless asked to average.
+        average_aggregated_gradients = average_aggregated_gradients or passes == 1
+        passes = int(keras_steps or passes)
+        _use_keras_accumulation(optimizer, passes)
     state = _State(allreducer, passes, average_aggregated_gradients, sparse_as_dense)
+    state.keras_accumulation = backend != "tensorflow" and passes > 1
     optimizer.__class__ = _distributed_class(type(optimizer))
     optimizer._hvd = state
-    if passes > 1 and optimizer.built:
+    if passes > 1 and optimizer.built and not state.keras_accumulation:
         state.build_accumulators(optimizer._trainable_variables)
     return optimizer
+
+
+def _use_keras_accumulation(optimizer, steps):
+    """Sets Keras' ``gradient_accumulation_steps`` on ``optimizer``; one already built gets
+    the accumulators Keras' ``build`` would have made."""
+    optimizer.gradient_accumulation_steps = steps
+    if optimizer.built and not getattr(optimizer, "_accumulated_gradients", None):
+        optimizer._accumulated_gradients = [
+            optimizer.add_variable_from_reference(v, name="gradient_accumulator")
+            for v in optimizer._trainable_variables]
 
 
 def PartialDistributedOptimizer(optimizer, name=None, device_dense='', device_sparse='',
