@@ -123,24 +123,33 @@ def _keras_job(launcher_args, env):
     return sorted(done), out
 
 
+KERAS_BACKENDS = ["tensorflow", "torch", "jax"]
+
+
 @pytest.mark.timeout(300)
-def test_keras_fit_survives_a_lost_rank_with_the_right_epochs():
-    """A rank killed inside model.fit: the survivors' fit fails with TensorFlow's error, which
+@pytest.mark.parametrize("backend", KERAS_BACKENDS)
+def test_keras_fit_survives_a_lost_rank_with_the_right_epochs(backend):
+    """A rank killed inside model.fit: the survivors' fit fails with the backend's error (a
+    TensorFlow op's, torch's, or JAX's from the gradients' io_callback), which
     hvd.elastic.run takes for HorovodInternalError; they restore, resume with
     fit(initial_epoch=state.epoch) and train each of the 6 epochs once (#2844)."""
-    pytest.importorskip("tensorflow")
+    pytest.importorskip("tensorflow" if backend == "tensorflow" else backend)
     done, out = _keras_job(["-np", "3", "--min-np", "2", "-H", "localhost:2,127.0.0.1:1"],
-                           {"KILL_HOST": "127.0.0.1", "KILL_EPOCH": 2})
+                           {"KILL_HOST": "127.0.0.1", "KILL_EPOCH": 2, "KERAS_BACKEND": backend})
     assert done == [("0", "2", "6", "True"), ("1", "2", "6", "True")], out
+    assert out.count(f"backend={backend}") == 2, out
 
 
 @pytest.mark.timeout(300)
-def test_keras_new_worker_with_an_unbuilt_optimizer_joins(tmp_path):
+@pytest.mark.parametrize("backend", KERAS_BACKENDS)
+def test_keras_new_worker_with_an_unbuilt_optimizer_joins(tmp_path, backend):
     """A worker joins at epoch 1: its Adam has no slots yet; the sync builds them and gives it
     rank 0's; the 3 ranks train the remaining epochs once each, with equal weights."""
-    pytest.importorskip("tensorflow")
+    pytest.importorskip("tensorflow" if backend == "tensorflow" else backend)
     marker = tmp_path / "grow"
     done, out = _keras_job(["-np", "2", "--min-np", "2", "--max-np", "3",
                             "--host-discovery-script", _discovery_after(tmp_path, marker)],
-                           {"GROW_MARKER": str(marker), "GROW_EPOCH": 1})
+                           {"GROW_MARKER": str(marker), "GROW_EPOCH": 1,
+                            "KERAS_BACKEND": backend})
+    assert out.count(f"backend={backend}") == 3, out
     assert done == [(str(r), "3", "6", "True") for r in range(3)], out

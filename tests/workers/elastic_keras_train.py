@@ -2,7 +2,7 @@
 state callbacks under hvd.elastic.run, resuming with fit(initial_epoch=state.epoch) (the form
 Horovod counted twice, #2844). Each rank prints ``EPOCH rank=R size=S epoch=E`` at the end of
 every epoch (from state.epoch) and at the end ``DONE rank=R size=S epoch=E fits=F
-weights_equal=True|False``.
+weights_equal=True|False backend=B`` (KERAS_BACKEND picks the backend).
 
 Environment: KILL_HOST / KILL_EPOCH (the worker on that host SIGKILLs itself in that epoch),
 GROW_MARKER / GROW_EPOCH (rank 0 creates that file at the start of that epoch).
@@ -56,4 +56,4 @@ train(state)
 weights = hvd.allgather_object(model.get_weights())
 equal = all(np.array_equal(a, b) for w in weights for a, b in zip(w, weights[0]))
 print(f"DONE rank={hvd.rank()} size={hvd.size()} epoch={state.epoch} fits={fits[0]} "
-      f"weights_equal={equal}", flush=True)
+      f"weights_equal={equal} backend={keras.backend.backend()}", flush=True)
