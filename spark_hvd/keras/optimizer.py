@@ -212,11 +212,13 @@ def DistributedOptimizer(optimizer, name=None, device_dense='', device_sparse=''
     if passes < 1:
         raise ValueError("backward_passes_per_step must be > 0")
     keras_steps = getattr(optimizer, "gradient_accumulation_steps", None)
-    if passes > 1 and keras_steps and keras_steps != passes:
+    # On TensorFlow the two accumulations would stack (N x M batches per update); elsewhere
+    # they are one and the same.
+    if passes > 1 and keras_steps and (keras_steps != passes or backend == "tensorflow"):
         raise ValueError(
             f"DistributedOptimizer(backward_passes_per_step={passes}) wraps an optimizer made "
-            f"with gradient_accumulation_steps={keras_steps}: give one of them, or the same "
-            f"number to both.")
+            f"with gradient_accumulation_steps={keras_steps}: give only one of them"
+            + ("." if backend == "tensorflow" else ", or the same number to both."))
     allreducer = _backend.current().gradient_allreducer(
         compression=compression, sparse_as_dense=sparse_as_dense, op=op,
         gradient_predivide_factor=gradient_predivide_factor, groups=groups,

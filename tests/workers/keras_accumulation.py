@@ -8,7 +8,8 @@ by 2 with ``average_aggregated_gradients``, one SGD step), for both settings of
 ``optimizer.iterations`` counted every batch (4); and, on torch and JAX, the gradients crossed
 between the ranks once per 2 batches (the backend's grouped allreduce counted where spark_hvd
 hands it to the core). A Keras optimizer made with ``gradient_accumulation_steps=2`` (Keras'
-own accumulation, averaged over its steps) reduces once per 2 batches too.
+own accumulation, averaged over its steps) reduces once per 2 batches too, and one made with
+``gradient_accumulation_steps=3`` is refused with backward_passes_per_step=2, naming both.
 
 Usage: keras_accumulation.py
 """
@@ -117,6 +118,15 @@ def main():
         if BACKEND != "tensorflow":
             c.check(reduces == BATCHES // PASSES,
                     f"{what}: gradients reduced once per {PASSES} batches ({reduces} times)")
+    # Two accumulations that disagree (or would stack, on TensorFlow) are refused by name.
+    try:
+        hvd.DistributedOptimizer(keras.optimizers.SGD(LR, gradient_accumulation_steps=3),
+                                 backward_passes_per_step=PASSES)
+    except ValueError as e:
+        c.check("gradient_accumulation_steps=3" in str(e) and "give only one" in str(e),
+                f"conflicting accumulation refused: {e}")
+    else:
+        c.fail("backward_passes_per_step=2 with gradient_accumulation_steps=3 was accepted")
     c.finish(backend=BACKEND)
 
 
