@@ -3,7 +3,7 @@
 # no PySpark, Java or TensorFlow needed): the build, the GPU suite, both benchmarks' --quick
 # CUDA runs. From the repository root:
 #
-#   bash tests/gpu/device_run.sh build test     # ~1 min build (16 cores) + ~4-5 min suite
+#   bash tests/gpu/device_run.sh build test     # ~1 min build (16 cores) + ~4-6 min suite
 #   bash tests/gpu/device_run.sh build hosts    # the CUDA tests of the network-namespace bed
 #   bash tests/gpu/device_run.sh build latency  # benchmarks/gpu_latency.py --quick (~1 min)
 #   bash tests/gpu/device_run.sh build bench    # + ~1 min allreduce, ~1 min scaling
@@ -62,12 +62,12 @@ for s in $stages; do
         ;;
     test)
         GPU_SUITE_REQUIRE_GPU=1 GPU_SUITE_JOB_TIMEOUT=${GPU_SUITE_JOB_TIMEOUT:-90} \
-            stage pytest 330 "$PY" -m pytest tests/gpu -v -rP -p no:cacheprovider --durations=20
+            stage pytest 420 "$PY" -m pytest tests/gpu -v -rP -p no:cacheprovider --durations=20
         grep -E "PASSED|FAILED|ERROR|SKIPPED|passed|failed|^E  " "$OUT/pytest.log" | head -80
         ;;
     hosts)
         # Needs root, iproute2 and sshd (tests/multihost/bed.py); skipped with the reason if not.
-        stage hosts 300 "$PY" -m pytest -v -rs -p no:cacheprovider \
+        stage hosts 240 "$PY" -m pytest -v -rs -p no:cacheprovider \
             tests/multihost/test_hierarchical_hosts.py tests/multihost/test_lost_hosts.py -k nccl
         grep -E "PASSED|FAILED|ERROR|SKIPPED|passed|failed|^E  " "$OUT/hosts.log" | head -40
         ;;
