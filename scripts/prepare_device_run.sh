@@ -8,8 +8,10 @@
 #
 #   bash scripts/prepare_device_run.sh [GPU_TORCH_VERSION]    # default 2.11.0 (the H200 image)
 #
-# then, in one device call (carry .whl and .wheel-gpu):
-#   bash tests/gpu/device_run.sh build test hosts latency wheel
+# then, in device calls that carry .whl and .wheel-gpu (each under the 10-minute limit):
+#   bash tests/gpu/device_run.sh build test
+#   bash tests/gpu/device_run.sh build latency wheel
+#   bash tests/gpu/device_run.sh build hosts        # the bed's CUDA tests, where it can run
 set -euo pipefail
 cd "$(dirname "$0")/.."
 TORCH_VERSION=${1:-2.11.0}
