@@ -118,19 +118,34 @@ void set_device_result(HandleState& st, const std::vector<int64_t>& shape, int64
   st.output_device = device;
 }
 
-// The reduction for response `r` on `comm`; `*created` when it was made for this call only
-// (PreMulSum, destroyed once enqueued).
-ncclRedOp_t reduction(const Response& r, int set_size, ncclComm_t comm, bool* created) {
-  *created = false;
+// The reduction of `r` with no scale factor (booleans: logical and/or on bytes); also what
+// the hierarchical allreduce's later steps apply, once the first applied the scaling.
+ncclRedOp_t unscaled(const Response& r) {
   const bool boolean = r.dtype == DataType::kBool;
   switch (r.reduce_op) {
     case ReduceOp::kMin: return ncclMin;
     case ReduceOp::kMax: return ncclMax;
     case ReduceOp::kProduct: return boolean ? ncclMin : ncclProd;
-    default: break;
+    default: return boolean ? ncclMax : ncclSum;
   }
+}
+
+// Whether allreduce `r` (one NCCL can run) splits into the hierarchical steps: a reduction
+// applied within the host (scaled there, once) and then unscaled across hosts. NCCL's own
+// average of integers (ncclAvg) divides at the end and does not split.
+bool splits_into_steps(const Response& r) {
+  return r.reduce_op != ReduceOp::kAverage || is_float(r.dtype);
+}
+
+// The reduction for response `r` on `comm`; `*created` when it was made for this call only
+// (PreMulSum, destroyed once enqueued).
+ncclRedOp_t reduction(const Response& r, int set_size, ncclComm_t comm, bool* created) {
+  *created = false;
+  if (r.reduce_op == ReduceOp::kMin || r.reduce_op == ReduceOp::kMax ||
+      r.reduce_op == ReduceOp::kProduct)
+    return unscaled(r);
   const double f = combined_factor(r, set_size);
-  if (f == 1.0) return boolean ? ncclMax : ncclSum;
+  if (f == 1.0) return unscaled(r);
   if (r.reduce_op == ReduceOp::kAverage && r.prescale == 1.0 && r.postscale == 1.0 &&
       !is_float(r.dtype))
     return ncclAvg;
@@ -148,6 +163,35 @@ ncclRedOp_t reduction(const Response& r, int set_size, ncclComm_t comm, bool* cr
              "ncclRedOpCreatePreMulSum");
   *created = true;
   return op;
+}
+
+// The entries' inputs back to back in `buf` (zeros for the tensors a joined rank never
+// submitted), stream-ordered on `s`; `counts`: elements of each.
+void pack_fused(const std::vector<Entry*>& entries, const std::vector<size_t>& counts,
+                size_t esize, uint8_t* buf, cudaStream_t s) {
+  size_t off = 0;
+  for (size_t i = 0; i < entries.size(); ++i) {
+    const size_t bytes = counts[i] * esize;
+    if (entries[i])
+      check_cuda(cuda().MemcpyAsync(buf + off, entries[i]->input, bytes,
+                                    cudaMemcpyDeviceToDevice, s), "cudaMemcpyAsync");
+    else
+      check_cuda(cuda().MemsetAsync(buf + off, 0, bytes, s), "cudaMemsetAsync");
+    off += bytes;
+  }
+}
+
+// pack_fused's reverse: each entry's output from its place in `buf`.
+void unpack_fused(const std::vector<Entry*>& entries, const std::vector<size_t>& counts,
+                  size_t esize, const uint8_t* buf, cudaStream_t s) {
+  size_t off = 0;
+  for (size_t i = 0; i < entries.size(); ++i) {
+    const size_t bytes = counts[i] * esize;
+    if (entries[i])
+      check_cuda(cuda().MemcpyAsync(entries[i]->output, buf + off, bytes,
+                                    cudaMemcpyDeviceToDevice, s), "cudaMemcpyAsync");
+    off += bytes;
+  }
 }
 
 // Identifies this process's GPU across the job: machine and PCI bus (what NCCL compares).
@@ -341,15 +385,22 @@ GpuPath::HierarchyComms& GpuPath::hierarchy_comms(int set_id, const Communicator
 }
 
 void GpuPath::forget_set(int set_id) {
+  // The set's communicators go once the work queued on the core's streams (which may use
+  // them) is done: one synchronisation for all of them.
+  bool synced = false;
+  auto destroy = [&](ncclComm_t comm) {
+    if (!comm) return;
+    if (!synced)
+      for (auto& [index, d] : devices_) cuda().StreamSynchronize(d.stream);
+    synced = true;
+    nccl().CommDestroy(comm);
+  };
   for (auto it = comms_.begin(); it != comms_.end();) {
     if (it->first.first != set_id) {
       ++it;
       continue;
     }
-    if (it->second.comm) {
-      for (auto& [index, d] : devices_) cuda().StreamSynchronize(d.stream);
-      nccl().CommDestroy(it->second.comm);
-    }
+    destroy(it->second.comm);
     it = comms_.erase(it);
   }
   for (auto it = hierarchy_comms_.begin(); it != hierarchy_comms_.end();) {
@@ -357,9 +408,8 @@ void GpuPath::forget_set(int set_id) {
       ++it;
       continue;
     }
-    for (auto& [index, d] : devices_) cuda().StreamSynchronize(d.stream);
-    nccl().CommDestroy(it->second.local);
-    nccl().CommDestroy(it->second.cross);
+    destroy(it->second.local);
+    destroy(it->second.cross);
     it = hierarchy_comms_.erase(it);
   }
 }
@@ -383,24 +433,6 @@ bool GpuPath::nccl_can_run(const Response& r, const Communicator& comm) const {
       return r.prescale == 1.0 && r.postscale == 1.0;
     default:
       return false;
-  }
-}
-
-// Whether allreduce `r` (one NCCL can run) splits into the hierarchical steps: a reduction
-// applied within the host (scaled there, once) and then unscaled across hosts. NCCL's own
-// average of integers (ncclAvg) divides at the end and does not split.
-bool splits_into_steps(const Response& r) {
-  return r.reduce_op != ReduceOp::kAverage || is_float(r.dtype);
-}
-
-// The reduction of the steps after the first (which applied any scaling).
-ncclRedOp_t unscaled(const Response& r) {
-  const bool boolean = r.dtype == DataType::kBool;
-  switch (r.reduce_op) {
-    case ReduceOp::kMin: return ncclMin;
-    case ReduceOp::kMax: return ncclMax;
-    case ReduceOp::kProduct: return boolean ? ncclMin : ncclProd;
-    default: return boolean ? ncclMax : ncclSum;
   }
 }
 
@@ -472,26 +504,10 @@ void GpuPath::run_nccl(const Response& r, std::vector<Entry*>& entries, const Se
                                op, sc.comm, s), "ncclAllReduce");
       } else {
         auto* buf = static_cast<uint8_t*>(fusion_buffer(d, total * esize));
-        size_t off = 0;
-        for (size_t i = 0; i < entries.size(); ++i) {
-          const size_t bytes = counts[i] * esize;
-          if (entries[i])
-            check_cuda(c.MemcpyAsync(buf + off, entries[i]->input, bytes,
-                                     cudaMemcpyDeviceToDevice, s), "cudaMemcpyAsync");
-          else
-            check_cuda(c.MemsetAsync(buf + off, 0, bytes, s), "cudaMemsetAsync");
-          off += bytes;
-        }
+        pack_fused(entries, counts, esize, buf, s);
         check_nccl(n.AllReduce(buf, buf, total, nccl_type(r.dtype), op, sc.comm, s),
                    "ncclAllReduce");
-        off = 0;
-        for (size_t i = 0; i < entries.size(); ++i) {
-          const size_t bytes = counts[i] * esize;
-          if (entries[i])
-            check_cuda(c.MemcpyAsync(entries[i]->output, buf + off, bytes,
-                                     cudaMemcpyDeviceToDevice, s), "cudaMemcpyAsync");
-          off += bytes;
-        }
+        unpack_fused(entries, counts, esize, buf, s);
       }
       if (created) n.RedOpDestroy(op, sc.comm);
       return;
@@ -625,18 +641,9 @@ void GpuPath::run_nccl_hierarchical(const Response& r, std::vector<Entry*>& entr
   const size_t members = size_t(h.local.size);
   const size_t block = (total + members - 1) / members;
   auto* buf = static_cast<uint8_t*>(fusion_buffer(d, std::max<size_t>(block * members, 1) * esize));
-  size_t off = 0;
-  for (size_t i = 0; i < entries.size(); ++i) {
-    const size_t bytes = counts[i] * esize;
-    if (entries[i])
-      check_cuda(c.MemcpyAsync(buf + off, entries[i]->input, bytes, cudaMemcpyDeviceToDevice, s),
-                 "cudaMemcpyAsync");
-    else  // a joined rank contributes zeros
-      check_cuda(c.MemsetAsync(buf + off, 0, bytes, s), "cudaMemsetAsync");
-    off += bytes;
-  }
+  pack_fused(entries, counts, esize, buf, s);
   if (block * members > total)  // the padding: reduced, never read back
-    check_cuda(c.MemsetAsync(buf + off, 0, (block * members - total) * esize, s),
+    check_cuda(c.MemsetAsync(buf + total * esize, 0, (block * members - total) * esize, s),
                "cudaMemsetAsync");
   const int type = nccl_type(r.dtype);
   uint8_t* mine = buf + size_t(h.local.rank) * block * esize;
@@ -651,14 +658,7 @@ void GpuPath::run_nccl_hierarchical(const Response& r, std::vector<Entry*>& entr
   check_nccl(n.AllReduce(mine, mine, block, type, unscaled(r), hc.cross, s),
              "ncclAllReduce (across hosts)");
   check_nccl(n.AllGather(mine, buf, block, type, hc.local, s), "ncclAllGather (within the host)");
-  off = 0;
-  for (size_t i = 0; i < entries.size(); ++i) {
-    const size_t bytes = counts[i] * esize;
-    if (entries[i] && bytes)
-      check_cuda(c.MemcpyAsync(entries[i]->output, buf + off, bytes, cudaMemcpyDeviceToDevice, s),
-                 "cudaMemcpyAsync");
-    off += bytes;
-  }
+  unpack_fused(entries, counts, esize, buf, s);
 }
 
 void GpuPath::run_staged(const Response& r, std::vector<Entry*>& entries,
