@@ -12,30 +12,14 @@ The suite needs only torch with CUDA, pytest and this source tree built with ``p
 
 from __future__ import annotations
 
-import functools
 import os
 
 import pytest
 
-DRY_RUN = os.environ.get("GPU_SUITE_DRY_RUN_ON_CPU") == "1"
+from .availability import DRY_RUN, gpu_unavailable_reason
+
 # Set by tests/gpu/device_run.sh: on the GPU machine a missing GPU is an error, not a skip.
 REQUIRE_GPU = os.environ.get("GPU_SUITE_REQUIRE_GPU") == "1"
-
-
-@functools.lru_cache(maxsize=None)
-def gpu_unavailable_reason() -> str | None:
-    """Why the GPU suite cannot run here, or None when it can."""
-    try:
-        import torch
-    except Exception as e:  # noqa: BLE001 - any failure to import torch means no GPU suite
-        return f"torch is not importable ({type(e).__name__}: {e})"
-    try:
-        if not torch.cuda.is_available():
-            return (f"no CUDA device: torch.cuda.is_available() is False (torch "
-                    f"{torch.__version__}, built for CUDA {torch.version.cuda})")
-    except Exception as e:  # noqa: BLE001
-        return f"torch.cuda.is_available() raised {type(e).__name__}: {e}"
-    return None
 
 
 def pytest_configure(config):

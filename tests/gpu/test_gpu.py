@@ -27,6 +27,8 @@ import pytest
 from conftest import PY, REPO, JobResult, job_env, run_job
 from hide_package import run_without
 
+from .availability import DRY_RUN
+
 WORKERS = Path(__file__).resolve().parent / "workers"
 # Seconds per job (a healthy one takes 5-30 s); GPU_SUITE_JOB_TIMEOUT lowers it where device
 # time is short (tests/gpu/device_run.sh).
@@ -40,7 +42,7 @@ NP2_CASES = CASES[1:]
 
 
 def gpu_count() -> int:
-    if os.environ.get("GPU_SUITE_DRY_RUN_ON_CPU") == "1":
+    if DRY_RUN:
         return 8  # a dry run on the CPU (see conftest.py): no path expectations
     import torch
     return torch.cuda.device_count()
@@ -117,7 +119,7 @@ def check_one_shared_gpu_warning(result: JobResult, np_: int) -> None:
 def test_built_with_nccl_and_cuda_and_no_pyspark():
     """nccl_built() and cuda_built() are True after import, --check-build marks NCCL and CUDA
     built, and neither the launcher nor spark_hvd.torch imports PySpark."""
-    if os.environ.get("GPU_SUITE_DRY_RUN_ON_CPU") == "1":
+    if DRY_RUN:
         pytest.skip("a dry run on the CPU (see conftest.py) has no NCCL to find")
     code = (f"import sys; sys.path.insert(0, {str(REPO)!r}); import spark_hvd.torch as hvd; "
             "print('after import', hvd.nccl_built(), hvd.cuda_built()); "
@@ -241,7 +243,7 @@ def test_lost_rank_fails_every_nccl_op(tmp_path):
     env = hosts_env({"FRAMEWORK": "torch-cuda", "STOP_SIGNAL": "KILL",
                      "SPARK_HVD_PEER_TIMEOUT_SECONDS": PEER_TIMEOUT,
                      "SPARK_HVD_KILL_GRACE_SECONDS": 15, "REPORT_DIR": str(reports)})
-    if os.environ.get("GPU_SUITE_DRY_RUN_ON_CPU") == "1":
+    if DRY_RUN:
         env["FRAMEWORK"] = "torch"
     worker = REPO / "tests" / "workers" / "lost_peer.py"
     result = run_job(4, str(worker), 1 << 22, 0, "", 0, 3, 5, 0, env=env, transport="hosts",
@@ -280,7 +282,7 @@ def test_keras_on_the_torch_backend_trains_through_nccl(tmp_path):
     got = json.loads(out.read_text())
     print({k: got[k] for k in ("device", "accuracy", "loss", "gpu_counters")})
     assert got["backend"] == "torch"
-    if os.environ.get("GPU_SUITE_DRY_RUN_ON_CPU") != "1":
+    if not DRY_RUN:
         assert got["device"].startswith("cuda"), got["device"]
         assert got["gpu_counters"]["nccl_collectives"] > 0, got["gpu_counters"]
         assert got["gpu_counters"]["host_staged_bytes"] == 0, got["gpu_counters"]

@@ -6,13 +6,13 @@ sends half its bytes across instead of three quarters)."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import sys
 from collections import defaultdict
 from pathlib import Path
 
 import pytest
+from gpu.availability import DRY_RUN, gpu_unavailable_reason
 from launcher_job import host_list, launch
 
 PY = sys.executable
@@ -81,16 +81,6 @@ def _cross_host_bytes(bed) -> int:
                for h in bed.hosts)
 
 
-def _no_cuda_reason() -> str | None:
-    if os.environ.get("GPU_SUITE_DRY_RUN_ON_CPU") == "1":
-        return None  # the harness on CPU tensors (tests/gpu/conftest.py): proves nothing of CUDA
-    try:
-        import torch
-    except Exception as e:  # noqa: BLE001 - no torch, no CUDA test
-        return f"torch is not importable ({e})"
-    return None if torch.cuda.is_available() else "no CUDA device (the GPU suite's machine runs it)"
-
-
 GPU_WORKER = str(Path(__file__).resolve().parents[1] / "gpu" / "workers" / "hierarchical.py")
 
 
@@ -102,7 +92,7 @@ def test_nccl_hierarchical_across_hosts(bed2_2gbit_sshd, setting):
     across the bridge (NCCL_SOCKET_IFNAME=eth0): every allreduce of tests/gpu/workers/
     hierarchical.py exact and bitwise equal on the 4 ranks, hierarchical (NCCL within each host,
     across hosts per lane, within the host again) when forced on, flat when off."""
-    reason = _no_cuda_reason()
+    reason = None if DRY_RUN else gpu_unavailable_reason()  # a dry run: CPU tensors
     if reason:
         pytest.skip(reason)
     bed, access = bed2_2gbit_sshd

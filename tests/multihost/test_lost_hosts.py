@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from bed import Bed, Host
+from gpu.availability import DRY_RUN, gpu_unavailable_reason
 
 REPO = Path(__file__).resolve().parents[2]
 WORKER = REPO / "tests" / "workers" / "lost_peer.py"
@@ -193,15 +194,11 @@ def _cuda_env() -> dict:
     """The environment of a job whose ranks share this machine's GPU across the bed's hosts
     (each its own NCCL host identity, NCCL's sockets over the bridge); skips without a GPU.
     GPU_SUITE_DRY_RUN_ON_CPU=1 runs the job on CPU tensors instead, to check the harness."""
-    if os.environ.get("GPU_SUITE_DRY_RUN_ON_CPU") == "1":
+    if DRY_RUN:
         return {}
-    try:
-        import torch
-        cuda = torch.cuda.is_available()
-    except Exception:  # noqa: BLE001 - no torch, no CUDA
-        cuda = False
-    if not cuda:
-        pytest.skip("no CUDA device (the GPU suite's machine runs it: tests/gpu/device_run.sh)")
+    reason = gpu_unavailable_reason()
+    if reason:
+        pytest.skip(f"{reason} (the GPU suite's machine runs it: tests/gpu/device_run.sh)")
     return {"FRAMEWORK": "torch-cuda", "SPARK_HVD_SHARED_GPU": "nccl",
             "NCCL_SOCKET_IFNAME": "eth0"}
 
