@@ -20,21 +20,14 @@ import time
 import torch
 
 import spark_hvd.torch as hvd
+from _helpers.timing import median_per_call
 from spark_hvd.common import _native, _ops
 from spark_hvd.torch import collectives
 
 
 def per_call_us(fn, calls, rounds=9):
     """Median over ``rounds`` of the mean µs per call of ``calls`` calls (after a warm-up)."""
-    for _ in range(calls // 5):
-        fn()
-    times = []
-    for _ in range(rounds):
-        t0 = time.perf_counter_ns()
-        for _ in range(calls):
-            fn()
-        times.append((time.perf_counter_ns() - t0) / calls / 1000)
-    return statistics.median(times)
+    return median_per_call(fn, calls, rounds, warmup=calls // 5) * 1e6
 
 
 def main():

@@ -27,12 +27,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
+
+from _helpers.machine import free_port
+from _helpers.timing import median_per_call
 
 REPO = Path(__file__).resolve().parents[1]
 # GPU_SUITE_DRY_RUN_ON_CPU=1 (as tests/gpu): CPU tensors and gloo, to check this script's
@@ -60,25 +61,12 @@ SIZES = [4, 64, 1024, 16 << 10, 256 << 10, 1 << 20]
 NP = 2
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def timed(op, sync, ops: int, reps: int) -> float:
     """Median over ``reps`` of the mean seconds per synchronous op (after a warm-up)."""
-    for _ in range(max(ops // 4, 3)):
+    def op_then_sync():
         op()
         sync()
-    means = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        for _ in range(ops):
-            op()
-            sync()
-        means.append((time.perf_counter() - t0) / ops)
-    return statistics.median(means)
+    return median_per_call(op_then_sync, ops, reps, warmup=max(ops // 4, 3))
 
 
 def run_spark_hvd(args) -> dict:
