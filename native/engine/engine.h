@@ -39,6 +39,8 @@
 
 namespace shvd {
 
+struct Algorithm;  // a row of the dispatcher's table (algorithms/dispatch.h)
+
 using Clock = std::chrono::steady_clock;
 
 struct EngineOptions {
@@ -189,7 +191,7 @@ class Engine : public gpu::GpuPath::Host {
   void execute(const Response& response, bool from_board = false);
   void execute_response(const Response& response);
   const Communicator& communicator(int process_set);
-  bool hierarchical_on_device(const Response& r, const Communicator& comm) const;
+  const Algorithm* device_row(const Response& r, const Communicator& comm) const;
   void run_on_host(const Response& r, std::vector<Entry*>& entries,
                    const Communicator& comm) override;
   // What the GPU path borrows (gpu/gpu_path.h).

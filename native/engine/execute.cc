@@ -5,7 +5,6 @@
 // runs the same code on the same response, so buffer sizes and algorithm choices agree without
 // further messages.
 #include <cstring>
-#include <string>
 
 #include "../algorithms/dispatch.h"
 #include "../include/spark_hvd.h"
@@ -85,31 +84,20 @@ void run_collective(Timeline& tl, const Response& r, const CollectiveCase& c,
         [&] { run_and_name(tl, r, c, choose_algorithm(c), call); });
 }
 
-// Whether the dispatcher's table hands `r` to the GPU path (a kDevice row: CUDA tensors) rather
-// than to the CPU rows. Only where the tensors live matters here, so the element count is left
-// out; the op's runner chooses its CPU algorithm knowing it.
-bool on_device_path(const Response& r, const Communicator& comm) {
-  if (r.op == OpType::kBarrier) return false;  // no rows: the negotiation was the barrier
-  CollectiveCase c;
-  c.op = r.op;
-  c.comm = &comm;
-  c.dtype = r.dtype;
-  c.reduce_op = r.reduce_op;
-  c.on_gpu = r.on_gpu;
-  return choose_algorithm(c).staging == Staging::kDevice;
-}
-
 }  // namespace
 
-// Whether the dispatcher hands CUDA allreduce `r` to the GPU path's hierarchical NCCL allreduce
-// (its row looks at the size and the settings, as the CPU path's does).
-bool Engine::hierarchical_on_device(const Response& r, const Communicator& comm) const {
-  if (r.op != OpType::kAllreduce) return false;
+// The dispatcher's row for `r` when it hands `r` to the GPU path (a kDevice row: CUDA tensors;
+// for an allreduce over several hosts it may be the hierarchical one, which looks at the size
+// and the settings as the CPU path's does), else nullptr: the CPU rows, whose runners choose
+// their algorithm themselves.
+const Algorithm* Engine::device_row(const Response& r, const Communicator& comm) const {
+  if (r.op == OpType::kBarrier) return nullptr;  // no rows: the negotiation was the barrier
   size_t count = 0;
   for (const auto& shape : r.shapes) count += size_t(num_elements(shape));
   CollectiveCase c = collective_case(r, comm, count, options_, tuned_);
   c.on_gpu = r.on_gpu;
-  return choose_algorithm(c).name == std::string(kNcclHierarchicalAllreduce);
+  const Algorithm& row = choose_algorithm(c);
+  return row.staging == Staging::kDevice ? &row : nullptr;
 }
 
 const Communicator& Engine::communicator(int process_set) {
@@ -210,12 +198,12 @@ void Engine::execute_response(const Response& resp) {
   } else if (my_index >= 0) {
     note_collective(resp);
     const Communicator& comm = communicator(resp.process_set);
-    if (on_device_path(resp, comm)) {
+    if (const Algorithm* row = device_row(resp, comm)) {
       if (!gpu_)
         gpu_ = std::make_unique<gpu::GpuPath>(*this, options_.rank, options_.job_id,
                                               options_.shared_gpu);
       gpu_->execute(resp, entries, comm, resp.process_set, timeline_,
-                    hierarchical_on_device(resp, comm));  // completes them
+                    std::strcmp(row->name, kNcclHierarchicalAllreduce) == 0);  // completes them
     } else {
       run_on_host(resp, entries, comm);
       for (Entry* e : entries)
