@@ -178,3 +178,45 @@ def test_controller_states_of_finished_and_errored_runs(spark, tmp_path):
         short.run()
     assert short.state is State.ERRORED and info.value.state == "starting"
     assert [state for state, _ in short.history] == [State.STARTING]
+
+
+@pytest.mark.parametrize("kind", ["classic", "connect"])
+def test_a_watcher_thread_cancels_the_tagged_stage(request, kind, tmp_path):
+    """What the start and liveness watches and the elastic end rely on: jobs tagged in one
+    thread are cancelled from another. (A classic SparkSession.interruptTag from another
+    thread cancels nothing: the fit that outlived a lost executor waited 10 s at its end.)"""
+    import threading
+    from spark_hvd.spark import _session
+    spark = request.getfixturevalue("spark" if kind == "classic" else "connect")
+    started = str(tmp_path / "started")
+
+    def sleeper(batches):
+        import time as _time
+        open(started, "w").close()
+        _time.sleep(180)
+        yield from batches
+
+    outcome = {}
+
+    def stage():
+        try:
+            with _session.tagged_jobs(spark, "spark_hvd_test_cancel"):
+                spark.range(0, 1, 1, 1).mapInArrow(sleeper, "id long").collect()
+            outcome["result"] = "finished"
+        except Exception as e:  # noqa: BLE001 - Py4J and Connect errors alike
+            outcome["result"] = f"cancelled: {str(e).splitlines()[0][:200]}"
+
+    thread = threading.Thread(target=stage, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 90
+    while not os.path.exists(started) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert os.path.exists(started), "the tagged stage's task never started"
+    cancelled_at = time.monotonic()
+    _session.cancel_tagged(spark, "spark_hvd_test_cancel")
+    thread.join(60)
+    assert not thread.is_alive(), "the tagged stage was not cancelled within 60 s"
+    assert outcome["result"].startswith("cancelled"), outcome
+    assert time.monotonic() - cancelled_at < 60
+    # The session runs jobs again, untagged ones untouched by the tag.
+    assert spark.range(3).count() == 3

@@ -397,23 +397,18 @@ class RunController:
                          name="spark-hvd-start-watch").start()
         threading.Thread(target=self._watch_liveness, args=(tag,), daemon=True,
                          name="spark-hvd-liveness-watch").start()
-        spark.addTag(tag)
         try:
-            return df.collect()
+            with _session.tagged_jobs(spark, tag):
+                return df.collect()
         except KeyboardInterrupt:
             self.channel.abort("the driver was interrupted")
             self._interrupt(tag)
             raise
         except Exception as e:  # noqa: BLE001 - Py4J, Connect and Spark errors alike
             raise self._failure(e) from e
-        finally:
-            spark.removeTag(tag)
 
     def _interrupt(self, tag: str) -> None:
-        try:
-            self.spark.interruptTag(tag)
-        except Exception:  # noqa: BLE001
-            pass
+        _session.cancel_tagged(self.spark, tag)
 
     def _watch_start(self, tag: str) -> None:
         """Cancel the stage when the tasks do not all start within ``start_timeout``."""

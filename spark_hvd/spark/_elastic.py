@@ -278,28 +278,20 @@ class SlotJobs:
     def _loop(self, k: int) -> None:
         while self.running():
             self.submitted += 1
-            self.spark.addTag(self.tag)
             try:
-                self.spark.range(0, 1, 1, 1).mapInArrow(self.mapper, "x int").collect()
+                with _session.tagged_jobs(self.spark, self.tag):
+                    self.spark.range(0, 1, 1, 1).mapInArrow(self.mapper, "x int").collect()
             except Exception as e:  # noqa: BLE001 - Py4J, Connect and Spark errors alike
                 if self.running():
                     first = (str(e).strip().splitlines() or [type(e).__name__])[0]
                     self.log(f"slot job {k} failed ({first[:300]}); submitting it again",
                              "WARNING")
-            finally:
-                try:
-                    self.spark.removeTag(self.tag)
-                except Exception:  # noqa: BLE001 - a stopped session
-                    pass
             deadline = time.monotonic() + RESUBMIT_SECONDS
             while self.running() and time.monotonic() < deadline:
                 time.sleep(0.1)
 
     def cancel(self) -> None:
-        try:
-            self.spark.interruptTag(self.tag)
-        except Exception:  # noqa: BLE001
-            pass
+        _session.cancel_tagged(self.spark, self.tag)
 
     def join(self, timeout: float) -> bool:
         deadline = time.monotonic() + timeout

@@ -7,6 +7,7 @@ only for better answers where it exists: the exact number of task slots.
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 from spark_hvd.common._network import route_address
@@ -41,6 +42,43 @@ def active_session(spark=None):
 def is_connect(spark) -> bool:
     """True for a Spark Connect session (no SparkContext on this side)."""
     return type(spark).__module__.startswith("pyspark.sql.connect")
+
+
+@contextlib.contextmanager
+def tagged_jobs(spark, tag: str):
+    """Tags the Spark jobs this thread starts inside the block with ``tag``, so that
+    :func:`cancel_tagged` cancels them from any thread.
+
+    Classic sessions tag through the SparkContext: a classic ``SparkSession.interruptTag``
+    only finds the tags its own thread added (Spark 4.x keeps them per thread), so a watcher
+    thread's interrupt cancelled nothing. Spark Connect interrupts by tag on the server,
+    whichever thread asks."""
+    if is_connect(spark):
+        spark.addTag(tag)
+    else:
+        spark.sparkContext.addJobTag(tag)
+    try:
+        yield
+    finally:
+        try:
+            if is_connect(spark):
+                spark.removeTag(tag)
+            else:
+                spark.sparkContext.removeJobTag(tag)
+        except Exception:  # noqa: BLE001 - a stopped session
+            pass
+
+
+def cancel_tagged(spark, tag: str) -> None:
+    """Cancels the running and pending jobs tagged ``tag`` (:func:`tagged_jobs`); any thread.
+    Best effort: a stopped session has nothing left to cancel."""
+    try:
+        if is_connect(spark):
+            spark.interruptTag(tag)
+        else:
+            spark.sparkContext.cancelJobsWithTag(tag)
+    except Exception:  # noqa: BLE001 - Py4J, Connect and Spark errors alike
+        pass
 
 
 def conf(spark, key: str, default: str | None = None) -> str | None:
