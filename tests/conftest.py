@@ -67,7 +67,19 @@ def pytest_configure(config):
         filter(None, ["-XX:TieredStopAtLevel=1", os.environ.get("JDK_JAVA_OPTIONS")]))
 
 
+def pytest_collection_finish(session):
+    # test_wheel.py's ~95 s of compiling overlaps the other tests, at idle priority
+    # (tests/wheel_build.py); its fixture finishes the build in the foreground.
+    if _SESSION_TMP and any(item.path.name == "test_wheel.py" for item in session.items):
+        import importlib.util
+        if importlib.util.find_spec("ziglang") is not None:
+            import wheel_build
+            wheel_build.start_in_background(Path(_SESSION_TMP) / "wheel-build")
+
+
 def pytest_unconfigure(config):
+    if "wheel_build" in sys.modules:
+        sys.modules["wheel_build"].stop_background()
     if _SESSION_TMP:
         shutil.rmtree(_SESSION_TMP, ignore_errors=True)
 

@@ -1,6 +1,7 @@
 """The manylinux wheel on a machine with no compiler (issue 32).
 
-Builds the wheel as `make wheel` does (zig's clang for glibc 2.28; incremental in build/wheel/),
+Builds the wheel as `make wheel` does (zig's clang for glibc 2.28; incremental in build/wheel/,
+compiled in the background while the other tests run: tests/wheel_build.py),
 checks it (scripts/check_wheel.py: auditwheel's tag, exports, glibc, run paths, nothing
 bundled), installs it alone into a fresh venv (`pip install --no-index --no-deps
 --only-binary=:all:`; the venv sees this environment's dependencies, torch, TensorFlow and
@@ -21,6 +22,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "scripts"))
 import wheel_smoke  # noqa: E402
 
+import wheel_build  # noqa: E402  (tests/, beside this file)
+
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400)]
 
 
@@ -33,13 +36,13 @@ def _has(module):
 def wheel(tmp_path_factory):
     if not _has("ziglang"):
         pytest.skip("the ziglang package is not installed (scripts/setup.sh installs it)")
+    # conftest.py started this build in the background (tests/wheel_build.py): what it
+    # compiled is reused here, and this foreground build is the one checked.
+    background = wheel_build.wait_for_background(timeout=1200)
     out = tmp_path_factory.mktemp("dist")
-    env = dict(os.environ, SPARK_HVD_TOOLCHAIN="zig")
-    env.pop("CXX", None)
-    proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps",
-                           "--no-build-isolation", "-w", str(out), str(REPO)],
-                          capture_output=True, text=True, env=env, timeout=1800)
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    proc = subprocess.run(wheel_build.command(out), capture_output=True, text=True,
+                          env=wheel_build.env(), timeout=1800)
+    assert proc.returncode == 0, background + "\n" + proc.stdout[-4000:] + proc.stderr[-4000:]
     wheels = list(out.glob("spark_hvd-*.whl"))
     assert len(wheels) == 1 and "manylinux_2_28_" in wheels[0].name, wheels
     check = subprocess.run([sys.executable, str(REPO / "scripts" / "check_wheel.py"),
