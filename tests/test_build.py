@@ -63,6 +63,10 @@ def static_runtime_tree(tmp_path_factory) -> Path:
     tree = root / "tree"
     shutil.copytree(REPO / "spark_hvd", tree / "spark_hvd",
                     ignore=shutil.ignore_patterns("*.so", "__pycache__"))
+    # The static runtime is a link flag: start from `make build`'s objects (compiled with the
+    # same flags), so only the libraries are linked again (~2 s instead of ~20 s).
+    if (REPO / "build" / "native" / "release").is_dir():
+        shutil.copytree(REPO / "build" / "native", root / "build")
     proc = run_build("--build-dir", str(root / "build"), "--output",
                      str(tree / "spark_hvd" / "_core" / CORE), "--no-tensorflow",
                      ldflags=STATIC_RUNTIME)
