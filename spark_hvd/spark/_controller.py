@@ -446,6 +446,8 @@ class RunController:
             while not (self._done.wait(0.25) or self._failing):
                 try:
                     lost = self._silent_ranks(client, self.heartbeat_timeout)
+                    if lost:
+                        lost = self._with_host_mates(client, lost)
                 except RuntimeError:
                     return  # the run ended (the channel is closed)
                 if lost and not (self._done.is_set() or self._failing):
@@ -474,6 +476,14 @@ class RunController:
         over |= set(self.channel.ranks_with("error", quiet, client=client))
         return {rank: {**json.loads(value), "silent": now - since}
                 for rank, (value, since) in quiet.items() if rank not in over}
+
+    def _with_host_mates(self, client, lost: dict[int, dict]) -> dict[int, dict]:
+        """``lost`` and the silent ranks of the same hosts: a host's ranks go silent together,
+        but their last heartbeats are up to an interval apart, so the timeout catches the
+        first alone (the stage then ends at once, and the others would go unnamed)."""
+        hosts = {beat.get("host") for beat in lost.values()}
+        mates = self._silent_ranks(client, 3 * self.heartbeat_seconds)
+        return {**{r: b for r, b in mates.items() if b.get("host") in hosts}, **lost}
 
     def _failure(self, error: Exception) -> RunError:
         """The RunError for a failed stage, once the other ranks were told to stop."""
