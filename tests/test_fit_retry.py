@@ -112,7 +112,7 @@ def test_torch_fit_goes_on_in_memory_when_a_rank_is_killed(spark, regression_df,
 
 # -- an executor lost mid-fit, each estimator (local-cluster, spark-submit) --------------------
 
-KINDS = {"torch": "torch", "keras": "keras", "lightning": "lightning"}  # kind: module it needs
+KINDS = ("torch", "keras", "lightning")  # each also the name of the module it needs
 
 
 @pytest.fixture(scope="module")
@@ -121,7 +121,7 @@ def lost_executor_fits(tmp_path_factory):
     each losing an executor (one cluster start and one data preparation warm-up for all three,
     ~25 s less than an application each): (its report, the driver's log)."""
     import importlib.util
-    kinds = [k for k, module in KINDS.items() if importlib.util.find_spec(module)]
+    kinds = [k for k in KINDS if importlib.util.find_spec(k)]
     if not kinds:
         pytest.skip("none of torch, keras, lightning is installed")
     from test_spark_cluster import _env, _run, _submit_args
@@ -140,9 +140,9 @@ def lost_executor_fits(tmp_path_factory):
 
 @pytest.mark.slow
 @pytest.mark.timeout(1500)
-@pytest.mark.parametrize("kind", list(KINDS))
+@pytest.mark.parametrize("kind", KINDS)
 def test_fit_survives_a_lost_executor(lost_executor_fits, kind):
-    pytest.importorskip(KINDS[kind])
+    pytest.importorskip(kind)
     report, log = lost_executor_fits
     entry = report[kind]
     assert "error" not in entry, (kind, entry, log[-10000:])

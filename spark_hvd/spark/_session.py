@@ -53,7 +53,8 @@ def tagged_jobs(spark, tag: str):
     only finds the tags its own thread added (Spark 4.x keeps them per thread), so a watcher
     thread's interrupt cancelled nothing. Spark Connect interrupts by tag on the server,
     whichever thread asks."""
-    if is_connect(spark):
+    connect = is_connect(spark)
+    if connect:
         spark.addTag(tag)
     else:
         spark.sparkContext.addJobTag(tag)
@@ -61,7 +62,7 @@ def tagged_jobs(spark, tag: str):
         yield
     finally:
         try:
-            if is_connect(spark):
+            if connect:
                 spark.removeTag(tag)
             else:
                 spark.sparkContext.removeJobTag(tag)
