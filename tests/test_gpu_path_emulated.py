@@ -1,0 +1,101 @@
+"""The core's GPU path (native/gpu/gpu_path.cc) on every machine: CUDA tensors through NCCL,
+with the CUDA runtime and NCCL replaced by host-memory stand-ins (tests/fake_cuda/fake_cuda.cc,
+loaded through SPARK_HVD_CUDART_LIBRARY / SPARK_HVD_NCCL_LIBRARY as a user's real ones are).
+
+Real processes through the launcher hand the core NumPy buffers as tensors on CUDA devices
+(tests/workers/gpu_emulated.py). What runs is the core's own code: ready events on the
+caller's stream, the core's stream waiting for them, communicators made over the job's links,
+fused allreduces through the GPU fusion buffer, device results for allgather, alltoall and
+reducescatter, the staged path for what NCCL cannot run, the hierarchical NCCL allreduce, the
+finalizer and its counters, and aborting the communicators when a peer is lost. What only a
+GPU can show (kernels, streams, NCCL's transports, speed) is tests/gpu's, on a GPU machine.
+"""
+
+import os
+import re
+import subprocess
+
+import pytest
+
+from conftest import REPO, run_job
+
+SOURCE = REPO / "tests" / "fake_cuda" / "fake_cuda.cc"
+
+
+@pytest.fixture(scope="module")
+def emulated(tmp_path_factory):
+    """The environment that makes a job's core load the emulated CUDA runtime and NCCL."""
+    lib = tmp_path_factory.mktemp("fake_cuda") / "libfake_cuda.so"
+    compiler = os.environ.get("CXX", "g++")
+    subprocess.run([compiler, "-std=c++17", "-O2", "-shared", "-fPIC", "-pthread", str(SOURCE),
+                    "-o", str(lib)], check=True, timeout=240)
+    return {"SPARK_HVD_CUDART_LIBRARY": str(lib), "SPARK_HVD_NCCL_LIBRARY": str(lib),
+            "FAKE_CUDA_DEVICE_COUNT": "4"}
+
+
+def counters(result, rank):
+    line = next(line for line in result.lines(rank) if line.startswith("COUNTERS "))
+    return {k: int(v) for k, v in (kv.split("=") for kv in line.split()[1:])}
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("np_,transport,hierarchical", [
+    (2, "shm", False), (3, "tcp", False), (4, "hosts", True)])
+def test_collectives_on_emulated_gpus(emulated, np_, transport, hierarchical):
+    """Every collective on "CUDA" buffers, one GPU per rank: right results (NumPy references),
+    the same bits on every rank, through NCCL (counted, each with its latency split), and only
+    the int16 allreduce, a type NCCL lacks, staged through host memory. Over two hosts with
+    HOROVOD_HIERARCHICAL_ALLREDUCE=1 the allreduces take the hierarchical NCCL path."""
+    env = dict(emulated)
+    if hierarchical:
+        env["HOROVOD_HIERARCHICAL_ALLREDUCE"] = "1"
+    r = run_job(np_, "gpu_emulated", "check", transport=transport, env=env, timeout=160)
+    r.assert_ok(np_)
+    for rank in range(np_):
+        c = counters(r, rank)
+        assert c["nccl_collectives"] >= 25, (rank, c)
+        assert c["latency_ops"] == c["nccl_collectives"], (rank, c)
+        assert c["latency_gpu_ns"] > 0 and c["latency_launch_ns"] > 0, (rank, c)
+        assert c["host_staged_bytes"] == 400, (rank, c)  # int16: 200 bytes in, 200 out
+        if hierarchical:
+            assert c["nccl_hierarchical_allreduces"] >= 20, (rank, c)
+        else:
+            assert c["nccl_hierarchical_allreduces"] == 0, (rank, c)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("shared", ["host", "nccl"])
+def test_ranks_sharing_a_gpu(emulated, shared):
+    """Two ranks on one GPU, which NCCL refuses: by default every collective goes through host
+    memory, with one warning naming the ranks and the settings; SPARK_HVD_SHARED_GPU=nccl runs
+    them through NCCL (each rank its own NCCL host). Results are right either way."""
+    env = {**emulated, "SPARK_HVD_TEST_DEVICE": "0", "SPARK_HVD_SHARED_GPU": shared}
+    r = run_job(2, "gpu_emulated", "check", transport="shm", env=env, timeout=100)
+    r.assert_ok(2)
+    c = counters(r, 0)
+    warning = "ranks 0 and 1 (process set 0) share one GPU"
+    if shared == "host":
+        assert c["nccl_collectives"] == 0 and c["host_staged_bytes"] > 10_000_000, c
+        assert r.stderr.count(warning) == 1, r.describe()
+        assert "SPARK_HVD_SHARED_GPU=nccl" in r.stderr, r.describe()
+    else:
+        assert c["nccl_collectives"] >= 25 and c["host_staged_bytes"] == 400, c
+        assert warning not in r.stderr, r.describe()
+
+
+@pytest.mark.timeout(120)
+def test_a_lost_rank_fails_the_nccl_ops_in_flight(emulated, tmp_path):
+    """Rank 2 is SIGKILLed while the ranks stream 16 MiB allreduces through NCCL, whose work
+    waits for a lost peer until its communicator is aborted: ranks 0 and 1 raise
+    HorovodInternalError naming rank 2 within 10 s, instead of hanging."""
+    env = {**emulated, "KILL_TIME_FILE": tmp_path / "killed_at",
+           "SPARK_HVD_KILL_GRACE_SECONDS": 20}
+    r = run_job(3, "gpu_emulated", "lost", transport="tcp", env=env, timeout=100)
+    assert r.returncode != 0, r.describe()
+    assert "rank 2 was killed by signal 9" in r.stderr, r.describe()
+    for rank in (0, 1):
+        lost = [line for line in r.lines(rank) if line.startswith("LOST ")]
+        assert lost and r.markers(rank), r.describe()
+        detect = float(re.search(r"detect=(-?[\d.]+)", lost[0]).group(1))
+        assert 0 <= detect < 10, r.describe()
+        assert "HorovodInternalError" in lost[0] and "rank 2" in lost[0], lost[0]

@@ -1,0 +1,218 @@
+"""The core's GPU path on the emulated CUDA runtime and NCCL (tests/fake_cuda/fake_cuda.cc):
+NumPy buffers handed to the core as tensors on a CUDA device, so the path a CUDA tensor takes
+(ready events, the core's stream, NCCL communicators, fusion, the finalizer, device results)
+runs through real processes on a machine without a GPU.
+
+Usage: gpu_emulated.py check     every collective, against NumPy references, bitwise equal on
+                                  every rank; prints the GPU counters
+       gpu_emulated.py lost      the last rank is killed while the ranks stream allreduces;
+                                  the others must get an error (prints ``LOST ... detect=``)
+
+Each rank uses CUDA device ``rank % FAKE_CUDA_DEVICE_COUNT``, so ranks are on different
+"GPUs" (NCCL) unless the test sets SPARK_HVD_TEST_DEVICE (ranks sharing one).
+"""
+
+import ctypes
+import os
+import signal
+import sys
+import threading
+import time
+
+import numpy as np
+
+import spark_hvd.numpy as hvd
+from spark_hvd.common import _ops, _outputs
+from spark_hvd.common._native import (OP_ALLGATHER, OP_ALLREDUCE, OP_ALLTOALL, OP_BROADCAST,
+                                      OP_REDUCESCATTER)
+from spark_hvd.numpy import _DTYPES
+from _wutil import Checks, digest, make_input
+
+fake = ctypes.CDLL(os.environ["SPARK_HVD_CUDART_LIBRARY"])
+stream = ctypes.c_void_p()
+fake.cudaStreamCreateWithFlags(ctypes.byref(stream), 1)
+DEVICE = None
+
+
+def place():
+    return (1, DEVICE, stream.value)
+
+
+def ptr(a):
+    return a.ctypes.data
+
+
+def synchronize():
+    fake.cudaStreamSynchronize(stream)
+
+
+def allreduce(a, name, op=_ops.Sum, prescale=1.0, postscale=1.0):
+    out = np.empty_like(a)
+    h = _ops.enqueue_one(OP_ALLREDUCE, name, _DTYPES[a.dtype], a.shape, ptr(a), ptr(out),
+                         reduce_op=op, prescale=prescale, postscale=postscale, place=place())
+    return h, out
+
+
+def device_result(h, dtype, want_ints=0):
+    def allocate(shape, nbytes):
+        out = np.empty(shape, dtype=dtype)
+        return out, ptr(out)
+    out, ints = _outputs.wait_output_into(h, allocate, want_ints=want_ints, stream=stream.value)
+    synchronize()  # the copy into `out` is ordered on our stream
+    return out, ints
+
+
+def check(c: Checks) -> None:
+    n, me = hvd.size(), hvd.rank()
+    digests = []
+
+    def expect(tag, got, want, exact=True, same_everywhere=True):
+        if exact:
+            ok = got.shape == want.shape and np.array_equal(got, want)
+        else:
+            # Floats: the sums' order differs by path (hierarchical: per host first).
+            tol = 0.05 if got.dtype == np.float16 else 1e-5
+            ok = got.shape == want.shape and np.allclose(got, want, rtol=tol, atol=tol)
+        c.check(ok, f"{tag}: got {got.ravel()[:6]} want {want.ravel()[:6]}")
+        if same_everywhere:
+            digests.append(np.frombuffer(digest(got), dtype=np.uint8))
+
+    # Allreduce: one tensor at a time, then many fused (one response, the fusion buffer).
+    for dtype in (np.float32, np.float64, np.int32, np.int64, np.uint8, np.float16):
+        for count in (1, 1031, 300_007):
+            tag = f"allreduce-{np.dtype(dtype).name}-{count}"
+            ins = [make_input(r, (count,), dtype, tag) for r in range(n)]
+            h, out = allreduce(ins[me], tag)
+            _ops.wait(h, (ins[me], out))
+            want = ins[0].copy()
+            for r in range(1, n):
+                want = (want + ins[r]).astype(dtype)
+            expect(tag, out, want, exact=np.dtype(dtype).kind != "f")
+    tags = [f"fused-{i}" for i in range(12)]
+    ins = {t: [make_input(r, (17 + 5 * i,), np.float32, t) for r in range(n)]
+           for i, t in enumerate(tags)}
+    handles = [allreduce(ins[t][me], t) for t in tags]
+    for t, (h, out) in zip(tags, handles):
+        _ops.wait(h, (ins[t][me], out))
+        expect(t, out, sum(ins[t][r].astype(np.float64) for r in range(n)), exact=False)
+    # Average with prescale and postscale (NCCL's PreMulSum), Min and Max.
+    tag = "scaled"
+    ins = [make_input(r, (4099,), np.float32, tag) for r in range(n)]
+    h, out = allreduce(ins[me], tag, _ops.Average, prescale=0.5, postscale=3.0)
+    _ops.wait(h, (ins[me], out))
+    expect(tag, out, sum(i.astype(np.float64) for i in ins) * 1.5 / n, exact=False)
+    for op, fn in ((_ops.Min, np.minimum.reduce), (_ops.Max, np.maximum.reduce)):
+        tag = f"minmax-{op}"
+        ins = [make_input(r, (513,), np.int32, tag) for r in range(n)]
+        h, out = allreduce(ins[me], tag, op)
+        _ops.wait(h, (ins[me], out))
+        expect(tag, out, fn(ins))
+    # Broadcast from the last rank, in place.
+    tag = "broadcast"
+    ins = [make_input(r, (3, 1000), np.float32, tag) for r in range(n)]
+    buf = ins[me].copy()
+    h = _ops.enqueue_one(OP_BROADCAST, tag, _DTYPES[buf.dtype], buf.shape, ptr(buf), ptr(buf),
+                         root_rank=n - 1, place=place())
+    _ops.wait(h, (buf,))
+    expect(tag, buf, ins[n - 1])
+    # Allgather: equal and ragged first dimensions (a result the core allocates on the device).
+    for ragged in (False, True):
+        tag = f"allgather-{ragged}"
+        rows = [(r + 1 if ragged else 2) for r in range(n)]
+        ins = [make_input(r, (rows[r], 5), np.float32, tag) for r in range(n)]
+        h = _ops.enqueue_one(OP_ALLGATHER, tag, _DTYPES[np.dtype(np.float32)], ins[me].shape,
+                             ptr(ins[me]), 0, place=place())
+        out, _ = device_result(h, np.float32)
+        expect(tag, out, np.concatenate(ins))
+    # Alltoall with uneven splits.
+    tag = "alltoall"
+    splits = [[(s + d) % 3 + 1 for d in range(n)] for s in range(n)]
+    ins = [make_input(r, (sum(splits[r]), 4), np.int64, tag) for r in range(n)]
+    h = _ops.enqueue_one(OP_ALLTOALL, tag, _DTYPES[np.dtype(np.int64)], ins[me].shape,
+                         ptr(ins[me]), 0, splits=tuple(splits[me]), place=place())
+    out, received = device_result(h, np.int64, want_ints=n)
+    parts = []
+    for s in range(n):
+        start = sum(splits[s][:me])
+        parts.append(ins[s][start:start + splits[s][me]])
+    expect(tag, out, np.concatenate(parts), same_everywhere=False)
+    c.check(list(received) == [splits[s][me] for s in range(n)], f"{tag}: splits {received}")
+    # Reducescatter: even and uneven blocks.
+    for rows in (2 * n, 2 * n + 1):
+        tag = f"reducescatter-{rows}"
+        ins = [make_input(r, (rows, 3), np.float32, tag) for r in range(n)]
+        h = _ops.enqueue_one(OP_REDUCESCATTER, tag, _DTYPES[np.dtype(np.float32)],
+                             ins[me].shape, ptr(ins[me]), 0, reduce_op=_ops.Sum, place=place())
+        out, _ = device_result(h, np.float32)
+        total = sum(i.astype(np.float64) for i in ins)
+        bounds = np.cumsum([0] + [rows // n + (r < rows % n) for r in range(n)])
+        expect(tag, out, total[bounds[me]:bounds[me + 1]], exact=False, same_everywhere=False)
+    # A dtype NCCL lacks (int16) goes through host memory, and is counted.
+    tag = "int16"
+    ins = [make_input(r, (100,), np.int16, tag) for r in range(n)]
+    before = hvd.gpu_counters()["host_staged_bytes"]
+    h, out = allreduce(ins[me], tag)
+    _ops.wait(h, (ins[me], out))
+    expect(tag, out, sum(i.astype(np.int64) for i in ins).astype(np.int16))
+    staged = hvd.gpu_counters()["host_staged_bytes"] - before
+    c.check(staged == 2 * ins[me].nbytes, f"int16: {staged} bytes staged")
+
+    # Every rank got the same bits.
+    mine = np.concatenate(digests)
+    every = hvd.allgather(mine[None, :])
+    c.check(all(np.array_equal(every[r], mine) for r in range(n)), "results differ across ranks")
+    counters = hvd.gpu_counters()
+    print("COUNTERS " + " ".join(f"{k}={v}" for k, v in sorted(counters.items())), flush=True)
+
+
+def lost(c: Checks) -> None:
+    """The last rank streams 4M-float allreduces with the others, its third hangs in NCCL,
+    and it SIGKILLs itself after 1 s (writing the time to $KILL_TIME_FILE); the others,
+    ignoring the launcher's SIGTERM so they can report, must raise for their op in flight,
+    which waits in NCCL for the dead rank's data (the emulated NCCL, like NCCL, waits for a
+    lost peer until the core aborts the communicator)."""
+    n, me = hvd.size(), hvd.rank()
+    kill_file = os.environ["KILL_TIME_FILE"]
+    a = np.ones(1 << 22, dtype=np.float32)
+    if me == n - 1:
+        # Its third collective never ends (a hung GPU's kernel), so the others wait in NCCL
+        # for its data when it dies.
+        os.environ["FAKE_NCCL_HANG_AT"] = "3"
+
+        def die():
+            with open(kill_file + ".tmp", "w") as f:
+                f.write(repr(time.time()))
+            os.rename(kill_file + ".tmp", kill_file)
+            os.kill(os.getpid(), signal.SIGKILL)
+        threading.Timer(1.0, die).start()
+    else:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    for step in range(100_000):
+        try:
+            h, out = allreduce(a, f"lost-{step % 4}")
+            _ops.wait(h, (a, out))
+        except Exception as e:  # noqa: BLE001 - the error is what we look at
+            if me == n - 1:
+                raise
+            killed_at = float(open(kill_file).read()) if os.path.exists(kill_file) else None
+            c.check(killed_at is not None, f"step {step} failed before the kill: {e}")
+            detect = time.time() - killed_at if killed_at else -1
+            print(f"LOST rank={me} step={step} detect={detect:.2f} "
+                  f"error={type(e).__name__}: {str(e)[:400]!r}", flush=True)
+            return
+        c.check(out[0] == n, f"step {step}: {out[0]}")
+    c.fail("no error after the last rank was killed")
+
+
+if __name__ == "__main__":
+    hvd.init()
+    test_device = os.environ.get("SPARK_HVD_TEST_DEVICE")
+    DEVICE = int(test_device) if test_device else hvd.rank() % int(
+        os.environ.get("FAKE_CUDA_DEVICE_COUNT", "4"))
+    fake.cudaSetDevice(DEVICE)
+    c = Checks(hvd.rank())
+    from spark_hvd.common import _gpu
+    c.check(_gpu.status() == 2, f"the emulated libraries did not load: {_gpu.report()}")
+    {"check": check, "lost": lost}[sys.argv[1]](c)
+    c.finish()
+    hvd.shutdown()
