@@ -20,6 +20,9 @@ namespace gpu {
 
 namespace {
 
+// How long the finalizer waits, after an abort, for the GPU work of a collective to end.
+constexpr int64_t kAbortedWorkWaitNs = 10'000'000'000;
+
 // Keeps the calling thread's current device: the user's threads must find theirs unchanged.
 class DeviceGuard {
  public:
@@ -744,6 +747,20 @@ void GpuPath::abort(const std::string& why) {
     abort_reason_ = why;
   }
   aborted_ = true;
+  // Abort the communicators now (the engine thread owns them): their kernels, which may wait
+  // for a peer that is gone, end, and so does the work queued after them on the core's
+  // streams, which the finalizer waits for before it hands the buffers back (see there).
+  for (auto& [key, sc] : comms_)
+    if (sc.comm) {
+      nccl().CommAbort(sc.comm);
+      sc.comm = nullptr;
+    }
+  for (auto& [key, hc] : hierarchy_comms_)
+    for (ncclComm_t* comm : {&hc.local, &hc.cross})
+      if (*comm) {
+        nccl().CommAbort(*comm);
+        *comm = nullptr;
+      }
   cv_.notify_all();
 }
 
@@ -757,24 +774,39 @@ void GpuPath::finalizer_loop() {
       job = std::move(jobs_.front());
       jobs_.pop_front();
     }
-    // Poll rather than block in cudaEventSynchronize: an aborted job must not wait forever
-    // for kernels that wait for a peer that is gone.
+    // Poll rather than block in cudaEventSynchronize, so that an abort is seen. An aborted
+    // job is still waited for, a bounded time: its communicators are aborted, so its NCCL
+    // kernels end, and the work queued after them (the copies out of the fusion buffer into
+    // the caller's tensors) runs to its end before the caller gets the tensors back; handed
+    // back earlier, a tensor freed and reused (an elastic job goes on after the error) would
+    // be written by that stale work.
     cudaError_t err = cudaErrorNotReady;
+    int64_t give_up_ns = 0;
     for (int spins = 0;; ++spins) {
       err = cuda().EventQuery(job.done);
-      if (err != cudaErrorNotReady || aborted_) break;
+      if (err != cudaErrorNotReady) break;
+      if (aborted_) {
+        if (!give_up_ns) give_up_ns = steady_ns() + kAbortedWorkWaitNs;
+        if (steady_ns() > give_up_ns) {
+          log_message(LogLevel::kWarning,
+                      "GPU work of an aborted collective did not end within %d s of the abort; "
+                      "its tensors are handed back while it may still write them",
+                      int(kAbortedWorkWaitNs / 1000000000));
+          break;
+        }
+      }
       if (spins > 2000) usleep(20);
     }
     std::string error;
     int kind = 0;
-    if (err != cudaSuccess && err != cudaErrorNotReady) {
-      kind = SHVD_ERR_INTERNAL;
-      error = std::string("CUDA error ") + std::to_string(err) + " (" +
-              cuda().GetErrorString(err) + ") in a collective on CUDA tensors";
-    } else if (err == cudaErrorNotReady) {
+    if (aborted_) {  // what an aborted communicator produced is not a result
       std::lock_guard<std::mutex> lock(mu_);
       kind = SHVD_ERR_INTERNAL;
       error = abort_reason_;
+    } else if (err != cudaSuccess) {
+      kind = SHVD_ERR_INTERNAL;
+      error = std::string("CUDA error ") + std::to_string(err) + " (" +
+              cuda().GetErrorString(err) + ") in a collective on CUDA tensors";
     }
     if (err == cudaSuccess && job.enqueued_ns) {
       Counters& c = counters();

@@ -12,14 +12,17 @@
 // Like NCCL, work whose peer is gone does not fail: it hangs (its stream stops) until the
 // communicator is aborted.
 //
-// Built by tests/test_gpu_path_emulated.py (g++ -shared); one file serves as both libraries.
+// Built by tests/fake_cuda/__init__.py's build() (g++ -shared); one file serves as both
+// libraries.
 #include <arpa/inet.h>
+#include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <condition_variable>
@@ -89,8 +92,17 @@ struct Stream {
   }
 };
 
+// Every stream, for what waits for the whole device (cudaFree).
+std::mutex g_streams_mu;
+std::vector<Stream*> g_streams;
+
 Stream* stream_of(void* s) {
-  static Stream* legacy = new Stream();  // the default stream (0); never destroyed
+  static Stream* legacy = [] {  // the default stream (0); never destroyed
+    auto* st = new Stream();
+    std::lock_guard<std::mutex> lock(g_streams_mu);
+    g_streams.push_back(st);
+    return st;
+  }();
   return s ? static_cast<Stream*>(s) : legacy;
 }
 
@@ -129,9 +141,25 @@ std::map<uint64_t, int> g_listeners;          // nonce -> rank 0's listener (thi
 std::map<int, std::pair<int, double>> g_ops;  // PreMulSum op -> (type, factor)
 int g_next_op = 5;
 
+// FAKE_NCCL_ADDR: an IPv4 address, or "hostname" for this host's name's (a host of the
+// network-namespace bed); 127.0.0.1 by default.
 std::string bind_addr() {
   const char* v = std::getenv("FAKE_NCCL_ADDR");
-  return v && *v ? v : "127.0.0.1";
+  if (!v || !*v) return "127.0.0.1";
+  if (std::strcmp(v, "hostname") != 0) return v;
+  char host[256] = {0};
+  gethostname(host, sizeof host - 1);
+  addrinfo hints{}, *found = nullptr;
+  hints.ai_family = AF_INET;
+  std::string addr = "127.0.0.1";
+  if (getaddrinfo(host, nullptr, &hints, &found) == 0 && found) {
+    char text[INET_ADDRSTRLEN] = {0};
+    inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(found->ai_addr)->sin_addr, text,
+              sizeof text);
+    addr = text;
+    freeaddrinfo(found);
+  }
+  return addr;
 }
 
 int listen_on(const std::string& addr, int* port) {
@@ -340,13 +368,21 @@ void wait_for_abort(Comm* c) {
   c->cv.wait(lock, [c] { return c->aborted; });
 }
 
-// FAKE_NCCL_HANG_AT=N (read at each collective): this process's N-th collective never ends,
-// as a kernel on a hung GPU (its peers wait for its data).
-void hang_if_asked() {
+// FAKE_NCCL_HANG_AT=N (read at each collective): this process's N-th collective waits until
+// its communicator is aborted, as a kernel waiting for a peer that never sends (its peers wait
+// for its data too); with FAKE_NCCL_HANG_HOST, only on the host of that name.
+void hang_if_asked(Comm* c) {
   static std::atomic<int> executed{0};
   const char* at = std::getenv("FAKE_NCCL_HANG_AT");
-  if (at && *at && ++executed == std::atoi(at))
-    for (;;) sleep(1000);
+  if (!at || !*at) return;
+  const char* only = std::getenv("FAKE_NCCL_HANG_HOST");
+  char host[256] = {0};
+  gethostname(host, sizeof host - 1);
+  if (only && *only && std::strcmp(only, host) != 0) return;
+  if (++executed == std::atoi(at)) {
+    std::unique_lock<std::mutex> lock(c->mu);
+    c->cv.wait(lock, [c] { return c->aborted; });
+  }
 }
 
 void execute(Comm* c, Plan& plan) {
@@ -354,7 +390,11 @@ void execute(Comm* c, Plan& plan) {
     std::lock_guard<std::mutex> lock(c->mu);
     if (c->aborted) return;
   }
-  hang_if_asked();
+  hang_if_asked(c);
+  {
+    std::lock_guard<std::mutex> lock(c->mu);
+    if (c->aborted) return;
+  }
   std::atomic<bool> ok{true};
   std::map<int, std::vector<Plan::Message>> by_peer;
   for (const auto& m : plan.sends) by_peer[m.peer].push_back(m);
@@ -439,8 +479,22 @@ int cudaDeviceGetPCIBusId(char* buf, int len, int d) {
   std::snprintf(buf, size_t(len), "00000000:%02X:00.0", 0x10 + d);
   return 0;
 }
-int cudaStreamCreateWithFlags(void** s, unsigned) { *s = new Stream(); return 0; }
-int cudaStreamDestroy(void* s) { delete static_cast<Stream*>(s); return 0; }
+int cudaStreamCreateWithFlags(void** s, unsigned) {
+  stream_of(nullptr);  // the default stream exists first
+  auto* st = new Stream();
+  std::lock_guard<std::mutex> lock(g_streams_mu);
+  g_streams.push_back(st);
+  *s = st;
+  return 0;
+}
+int cudaStreamDestroy(void* s) {
+  {
+    std::lock_guard<std::mutex> lock(g_streams_mu);
+    g_streams.erase(std::find(g_streams.begin(), g_streams.end(), static_cast<Stream*>(s)));
+  }
+  delete static_cast<Stream*>(s);  // after its work, as CUDA releases it
+  return 0;
+}
 int cudaStreamSynchronize(void* s) { stream_of(s)->synchronize(); return 0; }
 int cudaEventCreateWithFlags(void** e, unsigned) { *e = new Event(); return 0; }
 int cudaEventDestroy(void* e) { delete static_cast<Event*>(e); return 0; }
@@ -475,7 +529,17 @@ int cudaMalloc(void** p, size_t n) {
   *p = std::aligned_alloc(256, (n + 255) / 256 * 256 + 256);
   return *p ? 0 : 2;  // cudaErrorMemoryAllocation
 }
-int cudaFree(void* p) { std::free(p); return 0; }
+// cudaFree waits for the whole device's work first, as CUDA's does.
+int cudaFree(void* p) {
+  std::vector<Stream*> all;
+  {
+    std::lock_guard<std::mutex> lock(g_streams_mu);
+    all = g_streams;
+  }
+  for (Stream* st : all) st->synchronize();
+  std::free(p);
+  return 0;
+}
 int cudaMallocAsync(void** p, size_t n, void*) { return cudaMalloc(p, n); }
 int cudaFreeAsync(void* p, void* s) {
   stream_of(s)->push([p] { std::free(p); });

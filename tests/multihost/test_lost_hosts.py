@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+import fake_cuda
 from bed import Bed, Host
 from gpu.availability import DRY_RUN, gpu_unavailable_reason
 
@@ -204,22 +205,32 @@ def _cuda_env() -> dict:
 
 
 @pytest.mark.timeout(150)
-@pytest.mark.parametrize("tensors", ["cpu", "nccl"])
+@pytest.mark.parametrize("tensors", ["cpu", "nccl", "emulated-nccl"])
 def test_link_down_mid_allreduce(bed2, tmp_path, tensors):
     """h1's link goes down while the ranks stream 1M-float allreduces (torch): ranks 0 and 1
     (h0) raise HorovodInternalError naming a rank of h1 within the peer timeout; the launcher
     exits non-zero; the ranks of h1, cut off from everything (the launcher's ssh too), end by
     themselves; nothing of the job is left in either host. ``nccl``: CUDA tensors through NCCL
     across the bridge (issue 33, part 3; needs a GPU): the core aborts the survivors' NCCL
-    communicators, whose kernels wait for h1, instead of leaving them hanging."""
+    communicators, whose kernels wait for h1, instead of leaving them hanging.
+    ``emulated-nccl``: the same core code on every machine, NumPy buffers as CUDA tensors of
+    the host-memory CUDA runtime and NCCL (tests/fake_cuda), its communicators over the bridge;
+    h1's ranks' 8th collective never ends (a hung GPU), so when the link goes down every rank
+    waits in NCCL, whose work, as NCCL's, waits for a silent peer until the communicator is
+    aborted."""
     h0, h1 = bed2.hosts
     env = {"FRAMEWORK": "torch", "SPARK_HVD_PEER_TIMEOUT_SECONDS": PEER_TIMEOUT}
     if tensors == "nccl":
         env.update(_cuda_env())
+    if tensors == "emulated-nccl":
+        env.update({**fake_cuda.build(tmp_path), "FRAMEWORK": "emulated-cuda",
+                    "FAKE_NCCL_ADDR": "hostname", "FAKE_NCCL_HANG_AT": 8,
+                    "FAKE_NCCL_HANG_HOST": h1.hostname})
     job = BedJob(bed2, tmp_path, [1 << 20, 0], env)
     job.wait_for(r"READY rank=", 4, timeout=120)
     time.sleep(0.5)  # well inside the stream
     fault_at, errors = _cut_link(job, h1, [0, 1])
+    assert not [line for line in job.lines if "Segmentation fault" in line], job.describe()
     # The rank that saw the link die names the lost rank, its host and the setting; the other
     # may have learnt it from that rank (the abort carries the reason) or from its own link.
     _names(errors, (0, 1), rf"lost connection to rank [23] on {re.escape(h1.addr)} "

@@ -8,11 +8,9 @@ Usage: gpu_emulated.py check     every collective, against NumPy references, bit
        gpu_emulated.py lost      the last rank is killed while the ranks stream allreduces;
                                   the others must get an error (prints ``LOST ... detect=``)
 
-Each rank uses CUDA device ``rank % FAKE_CUDA_DEVICE_COUNT``, so ranks are on different
-"GPUs" (NCCL) unless the test sets SPARK_HVD_TEST_DEVICE (ranks sharing one).
+Devices: see _emulated_cuda.py.
 """
 
-import ctypes
 import os
 import signal
 import sys
@@ -21,45 +19,11 @@ import time
 
 import numpy as np
 
-import spark_hvd.numpy as hvd
-from spark_hvd.common import _ops, _outputs
-from spark_hvd.common._native import (OP_ALLGATHER, OP_ALLREDUCE, OP_ALLTOALL, OP_BROADCAST,
-                                      OP_REDUCESCATTER)
-from spark_hvd.numpy import _DTYPES
+import _emulated_cuda as hvd
+from _emulated_cuda import allreduce_async as allreduce, device_result, enqueue
 from _wutil import Checks, digest, make_input
-
-fake = ctypes.CDLL(os.environ["SPARK_HVD_CUDART_LIBRARY"])
-stream = ctypes.c_void_p()
-fake.cudaStreamCreateWithFlags(ctypes.byref(stream), 1)
-DEVICE = None
-
-
-def place():
-    return (1, DEVICE, stream.value)
-
-
-def ptr(a):
-    return a.ctypes.data
-
-
-def synchronize():
-    fake.cudaStreamSynchronize(stream)
-
-
-def allreduce(a, name, op=_ops.Sum, prescale=1.0, postscale=1.0):
-    out = np.empty_like(a)
-    h = _ops.enqueue_one(OP_ALLREDUCE, name, _DTYPES[a.dtype], a.shape, ptr(a), ptr(out),
-                         reduce_op=op, prescale=prescale, postscale=postscale, place=place())
-    return h, out
-
-
-def device_result(h, dtype, want_ints=0):
-    def allocate(shape, nbytes):
-        out = np.empty(shape, dtype=dtype)
-        return out, ptr(out)
-    out, ints = _outputs.wait_output_into(h, allocate, want_ints=want_ints, stream=stream.value)
-    synchronize()  # the copy into `out` is ordered on our stream
-    return out, ints
+from spark_hvd.common import _ops
+from spark_hvd.common._native import OP_ALLGATHER, OP_ALLTOALL, OP_BROADCAST, OP_REDUCESCATTER
 
 
 def check(c: Checks) -> None:
@@ -98,7 +62,7 @@ def check(c: Checks) -> None:
     # Average with prescale and postscale (NCCL's PreMulSum), Min and Max.
     tag = "scaled"
     ins = [make_input(r, (4099,), np.float32, tag) for r in range(n)]
-    h, out = allreduce(ins[me], tag, _ops.Average, prescale=0.5, postscale=3.0)
+    h, out = allreduce(ins[me], tag, _ops.Average, prescale_factor=0.5, postscale_factor=3.0)
     _ops.wait(h, (ins[me], out))
     expect(tag, out, sum(i.astype(np.float64) for i in ins) * 1.5 / n, exact=False)
     for op, fn in ((_ops.Min, np.minimum.reduce), (_ops.Max, np.maximum.reduce)):
@@ -111,8 +75,8 @@ def check(c: Checks) -> None:
     tag = "broadcast"
     ins = [make_input(r, (3, 1000), np.float32, tag) for r in range(n)]
     buf = ins[me].copy()
-    h = _ops.enqueue_one(OP_BROADCAST, tag, _DTYPES[buf.dtype], buf.shape, ptr(buf), ptr(buf),
-                         root_rank=n - 1, place=place())
+    h = _ops.enqueue_one(OP_BROADCAST, tag, hvd._DTYPES[buf.dtype], buf.shape, hvd.ptr(buf),
+                         hvd.ptr(buf), root_rank=n - 1, place=hvd.place())
     _ops.wait(h, (buf,))
     expect(tag, buf, ins[n - 1])
     # Allgather: equal and ragged first dimensions (a result the core allocates on the device).
@@ -120,16 +84,14 @@ def check(c: Checks) -> None:
         tag = f"allgather-{ragged}"
         rows = [(r + 1 if ragged else 2) for r in range(n)]
         ins = [make_input(r, (rows[r], 5), np.float32, tag) for r in range(n)]
-        h = _ops.enqueue_one(OP_ALLGATHER, tag, _DTYPES[np.dtype(np.float32)], ins[me].shape,
-                             ptr(ins[me]), 0, place=place())
+        h = enqueue(OP_ALLGATHER, tag, ins[me])
         out, _ = device_result(h, np.float32)
         expect(tag, out, np.concatenate(ins))
     # Alltoall with uneven splits.
     tag = "alltoall"
     splits = [[(s + d) % 3 + 1 for d in range(n)] for s in range(n)]
     ins = [make_input(r, (sum(splits[r]), 4), np.int64, tag) for r in range(n)]
-    h = _ops.enqueue_one(OP_ALLTOALL, tag, _DTYPES[np.dtype(np.int64)], ins[me].shape,
-                         ptr(ins[me]), 0, splits=tuple(splits[me]), place=place())
+    h = enqueue(OP_ALLTOALL, tag, ins[me], splits=tuple(splits[me]))
     out, received = device_result(h, np.int64, want_ints=n)
     parts = []
     for s in range(n):
@@ -141,8 +103,7 @@ def check(c: Checks) -> None:
     for rows in (2 * n, 2 * n + 1):
         tag = f"reducescatter-{rows}"
         ins = [make_input(r, (rows, 3), np.float32, tag) for r in range(n)]
-        h = _ops.enqueue_one(OP_REDUCESCATTER, tag, _DTYPES[np.dtype(np.float32)],
-                             ins[me].shape, ptr(ins[me]), 0, reduce_op=_ops.Sum, place=place())
+        h = enqueue(OP_REDUCESCATTER, tag, ins[me], reduce_op=_ops.Sum)
         out, _ = device_result(h, np.float32)
         total = sum(i.astype(np.float64) for i in ins)
         bounds = np.cumsum([0] + [rows // n + (r < rows % n) for r in range(n)])
@@ -170,13 +131,15 @@ def lost(c: Checks) -> None:
     and it SIGKILLs itself after 1 s (writing the time to $KILL_TIME_FILE); the others,
     ignoring the launcher's SIGTERM so they can report, must raise for their op in flight,
     which waits in NCCL for the dead rank's data (the emulated NCCL, like NCCL, waits for a
-    lost peer until the core aborts the communicator)."""
+    lost peer until the core aborts the communicator). The failed op's output must not change
+    once the error was raised, not even when the core shuts down: the GPU work queued for it
+    must have ended before the buffer was handed back."""
     n, me = hvd.size(), hvd.rank()
     kill_file = os.environ["KILL_TIME_FILE"]
     a = np.ones(1 << 22, dtype=np.float32)
     if me == n - 1:
-        # Its third collective never ends (a hung GPU's kernel), so the others wait in NCCL
-        # for its data when it dies.
+        # Its third collective never ends (a kernel waiting for data that never comes), so
+        # the others wait in NCCL for its data when it dies.
         os.environ["FAKE_NCCL_HANG_AT"] = "3"
 
         def die():
@@ -188,16 +151,21 @@ def lost(c: Checks) -> None:
     else:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
     for step in range(100_000):
+        out = np.full_like(a, -7.0)
         try:
-            h, out = allreduce(a, f"lost-{step % 4}")
+            h, out = allreduce(a, f"lost-{step % 4}", out=out)
             _ops.wait(h, (a, out))
         except Exception as e:  # noqa: BLE001 - the error is what we look at
             if me == n - 1:
                 raise
+            seen = out.copy()
             killed_at = float(open(kill_file).read()) if os.path.exists(kill_file) else None
             c.check(killed_at is not None, f"step {step} failed before the kill: {e}")
             detect = time.time() - killed_at if killed_at else -1
-            print(f"LOST rank={me} step={step} detect={detect:.2f} "
+            hvd.shutdown()  # aborts what is left of the GPU work, if anything is
+            rewritten = not np.array_equal(out, seen)
+            c.check(not rewritten, "the failed op's output changed after its error was raised")
+            print(f"LOST rank={me} step={step} detect={detect:.2f} rewritten={int(rewritten)} "
                   f"error={type(e).__name__}: {str(e)[:400]!r}", flush=True)
             return
         c.check(out[0] == n, f"step {step}: {out[0]}")
@@ -206,10 +174,6 @@ def lost(c: Checks) -> None:
 
 if __name__ == "__main__":
     hvd.init()
-    test_device = os.environ.get("SPARK_HVD_TEST_DEVICE")
-    DEVICE = int(test_device) if test_device else hvd.rank() % int(
-        os.environ.get("FAKE_CUDA_DEVICE_COUNT", "4"))
-    fake.cudaSetDevice(DEVICE)
     c = Checks(hvd.rank())
     from spark_hvd.common import _gpu
     c.check(_gpu.status() == 2, f"the emulated libraries did not load: {_gpu.report()}")

@@ -10,7 +10,8 @@ Usage: lost_peer.py ELEMS OPS [LATE_RANKS LATE_SECONDS [STOP_RANK STOP_AFTER CON
                 completed STOP_AFTER allreduces of the stream; CONT_AFTER > 0: a helper process
                 resumes it that many seconds later
 $FRAMEWORK: "torch", "torch-cuda" (CUDA tensors: the NCCL path; every rank on the GPU of its
-local rank, modulo the GPUs there are) or "numpy" (default). $STOP_SIGNAL=KILL makes STOP_RANK
+local rank, modulo the GPUs there are), "emulated-cuda" (NumPy buffers as CUDA tensors of the
+emulated CUDA runtime and NCCL: tests/fake_cuda) or "numpy" (default). $STOP_SIGNAL=KILL makes STOP_RANK
 SIGKILL itself instead (a rank lost for good, its sockets closed by its kernel). Every rank
 prints "READY rank=R host=H" after a first allreduce, "ERROR rank=R at=T called=C ops=N
 error=..." (T, C: time.monotonic() of the failure and of the failed call; the clock is shared
@@ -44,6 +45,9 @@ def _framework():
         torch.cuda.set_device(local % torch.cuda.device_count())
         return (hvd, lambda a: torch.from_numpy(a).cuda(),
                 lambda t: t.cpu().numpy())  # .cpu() waits for the collective's stream
+    if os.environ.get("FRAMEWORK") == "emulated-cuda":
+        import _emulated_cuda as hvd
+        return hvd, lambda a: a, lambda a: a
     import spark_hvd.numpy as hvd
     return hvd, lambda a: a, lambda a: a
 
