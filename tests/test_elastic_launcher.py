@@ -12,6 +12,7 @@ import time
 
 import pytest
 
+import fake_cuda
 from conftest import REPO, job_env, run_job
 
 THREE = "localhost:1,127.0.0.2:1,127.0.0.3:1"
@@ -51,14 +52,23 @@ def elastic(np_, *args, launcher_args=(), timeout=120, env=None, hosts=THREE):
 
 
 @pytest.mark.timeout(150)
-def test_killed_rank_survivors_continue_from_the_last_commit():
+@pytest.mark.parametrize("tensors", ["cpu", "emulated-nccl"])
+def test_killed_rank_survivors_continue_from_the_last_commit(tensors, tmp_path):
     """kill -9 of one rank mid-training: its host is blacklisted, the survivors re-form at
     size 2 within a second, continue from the last commit (no step lost, none repeated),
-    the loss keeps going down, and the survivors agree bitwise at the end."""
+    the loss keeps going down, and the survivors agree bitwise at the end.
+    ``emulated-nccl``: the gradients are CUDA tensors of the emulated CUDA runtime and NCCL
+    (tests/fake_cuda): the reset aborts the NCCL communicators, and the re-formed job makes
+    new ones and goes on through NCCL."""
+    env = {}
+    if tensors == "emulated-nccl":
+        env = {**fake_cuda.build(tmp_path), "FRAMEWORK": "emulated-cuda"}
     r = elastic(3, "--steps", "30", "--kill", "127.0.0.2/0/2:8",
-                launcher_args=["--min-np", "2"])
+                launcher_args=["--min-np", "2"], env=env)
     assert r.returncode == 0, r.describe()
-    assert_agree(r, 2)
+    ok = assert_agree(r, 2)
+    if tensors == "emulated-nccl":  # steps 1-8 before the reset, 9-30 through the new NCCL
+        assert all(int(f["nccl"]) >= 30 for f in ok), ok  # at most 9 before it
     s = steps(r)
     before = [x for x in s if x["size"] == "3"]
     after = [x for x in s if x["size"] == "2"]

@@ -32,6 +32,9 @@ import numpy as np
 import spark_hvd.numpy as hvd
 from spark_hvd.common.elastic import ObjectState, run_fn
 
+if os.environ.get("FRAMEWORK") == "emulated-cuda":  # gradients as CUDA tensors: tests/fake_cuda
+    import _emulated_cuda as hvd
+
 p = argparse.ArgumentParser()
 p.add_argument("--steps", type=int, default=40)
 p.add_argument("--sleep", type=float, default=0.05)
@@ -114,4 +117,5 @@ state = TimedState(bcast_object=hvd.broadcast_object, get_rank=hvd.rank, w=np.ze
 w = run_fn(train)(state)
 digest = hashlib.sha256(np.ascontiguousarray(w).tobytes()).hexdigest()[:16]
 print(f"OK rank={hvd.rank()} size={hvd.size()} step={state.step} hash={digest} rounds={rounds} "
-      f"loss={loss_of(w):.6g} wid={WID}", flush=True)
+      f"loss={loss_of(w):.6g} wid={WID} nccl={hvd.gpu_counters()['nccl_collectives']}",
+      flush=True)
