@@ -56,13 +56,13 @@ def enqueue(kind, name, a, **kwargs):
 
 
 def allreduce_async(a, name, op=_ops.Sum, prescale_factor=1.0, postscale_factor=1.0,
-                    out=None):
+                    out=None, process_set=0):
     """(handle, output): ``output`` (``out``, or a new array) holds the result once
-    ``_ops.wait(handle)`` returned."""
+    ``_ops.wait(handle)`` returned. ``process_set``: its id."""
     out = np.empty_like(a) if out is None else out
     h = _ops.enqueue_one(OP_ALLREDUCE, name, _DTYPES[a.dtype], a.shape, ptr(a), ptr(out),
                          reduce_op=op, prescale=prescale_factor, postscale=postscale_factor,
-                         place=place())
+                         process_set=process_set, place=place())
     return h, out
 
 

@@ -118,6 +118,29 @@ def check(c: Checks) -> None:
     staged = hvd.gpu_counters()["host_staged_bytes"] - before
     c.check(staged == 2 * ins[me].nbytes, f"int16: {staged} bytes staged")
 
+    # A process set of ranks 0 and 1 gets communicators of its own, which go with the set.
+    if n >= 3:
+        ps = hvd.add_process_set([0, 1])
+        if me in (0, 1):
+            for i in range(2):
+                tag = f"set-{i}"
+                ins = [make_input(r, (99,), np.float64, tag) for r in (0, 1)]
+                h, out = allreduce(ins[me], tag, process_set=ps.process_set_id)
+                _ops.wait(h, (ins[me], out))
+                expect(tag, out, ins[0] + ins[1], exact=False, same_everywhere=False)
+        hvd.remove_process_set(ps)
+    # Join: the last rank joins at once and the others allreduce; the joined rank takes part
+    # in their NCCL allreduces with zeros, having no tensor of its own.
+    if me != n - 1:
+        for i in range(3):
+            tag = f"joined-{i}"
+            ins = [make_input(r, (777,), np.float32, tag) for r in range(n)]
+            h, out = allreduce(ins[me], tag)
+            _ops.wait(h, (ins[me], out))
+            expect(tag, out, sum(ins[r].astype(np.float64) for r in range(n - 1)), exact=False,
+                   same_everywhere=False)
+    last = hvd.join()
+    c.check(0 <= last < n - 1, f"join: the last to join was rank {last}")
     # Every rank got the same bits.
     mine = np.concatenate(digests)
     every = hvd.allgather(mine[None, :])
