@@ -20,7 +20,8 @@ namespace gpu {
 
 namespace {
 
-// How long the finalizer waits, after an abort, for the GPU work of a collective to end.
+// How long the finalizer waits, after an abort, for the GPU work of the collectives in flight
+// to end (their communicators are aborted, so it ends unless the GPU itself is stuck).
 constexpr int64_t kAbortedWorkWaitNs = 10'000'000'000;
 
 // Keeps the calling thread's current device: the user's threads must find theirs unchanged.
@@ -746,6 +747,7 @@ void GpuPath::abort(const std::string& why) {
     std::lock_guard<std::mutex> lock(mu_);
     abort_reason_ = why;
   }
+  aborted_at_ns_ = steady_ns();
   aborted_ = true;
   // Abort the communicators now (the engine thread owns them): their kernels, which may wait
   // for a peer that is gone, end, and so does the work queued after them on the core's
@@ -765,6 +767,7 @@ void GpuPath::abort(const std::string& why) {
 }
 
 void GpuPath::finalizer_loop() {
+  bool gave_up = false;  // on GPU work that outlived the abort by kAbortedWorkWaitNs
   for (;;) {
     Job job;
     {
@@ -781,19 +784,16 @@ void GpuPath::finalizer_loop() {
     // back earlier, a tensor freed and reused (an elastic job goes on after the error) would
     // be written by that stale work.
     cudaError_t err = cudaErrorNotReady;
-    int64_t give_up_ns = 0;
     for (int spins = 0;; ++spins) {
       err = cuda().EventQuery(job.done);
-      if (err != cudaErrorNotReady) break;
-      if (aborted_) {
-        if (!give_up_ns) give_up_ns = steady_ns() + kAbortedWorkWaitNs;
-        if (steady_ns() > give_up_ns) {
-          log_message(LogLevel::kWarning,
-                      "GPU work of an aborted collective did not end within %d s of the abort; "
-                      "its tensors are handed back while it may still write them",
-                      int(kAbortedWorkWaitNs / 1000000000));
-          break;
-        }
+      if (err != cudaErrorNotReady || gave_up) break;
+      if (aborted_ && steady_ns() > aborted_at_ns_ + kAbortedWorkWaitNs) {
+        log_message(LogLevel::kWarning,
+                    "GPU work of aborted collectives did not end within %d s of the abort; "
+                    "their tensors are handed back while it may still write them",
+                    int(kAbortedWorkWaitNs / 1000000000));
+        gave_up = true;
+        break;
       }
       if (spins > 2000) usleep(20);
     }

@@ -144,6 +144,7 @@ class GpuPath {
   bool stopping_ = false;
   std::string abort_reason_;
   std::atomic<bool> aborted_{false};
+  std::atomic<int64_t> aborted_at_ns_{0};  // steady_ns() of the abort
   std::thread finalizer_;
 };
 
