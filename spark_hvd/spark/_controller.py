@@ -538,6 +538,12 @@ class RunController:
         return RunError("the Spark job of spark_hvd.spark.run failed: "
                         + (first[0] if first else type(error).__name__))
 
+    def _unaccounted_ranks(self, client) -> set[int]:
+        """Ranks that started but neither stopped nor reported an error."""
+        started = set(self.channel.ranks_with("started", client=client))
+        stopped = set(self.channel.ranks_with("stopped", client=client))
+        return started - stopped - set(self.channel.errors())
+
     def _lost_hosts_ranks(self, wait: bool) -> dict[int, dict]:
         """When the stage failed before the liveness watch's timeout: the ranks that, after
         the others were given time to stop, neither ended nor reported and whose heartbeats
@@ -553,6 +559,13 @@ class RunController:
                 while True:
                     silent = self._silent_ranks(client, 3 * self.heartbeat_seconds)
                     if not silent:
+                        # Spark can fail the stage (a dead executor's tasks) sooner than a
+                        # rank's heartbeats are three intervals old: ranks that started and
+                        # neither stopped nor reported are watched until they are.
+                        if wait and self._unaccounted_ranks(client) \
+                                and time.monotonic() < deadline:
+                            time.sleep(0.25)
+                            continue
                         return {}
                     hosts = _session.executor_hosts(self.spark)
                     if hosts is None:
