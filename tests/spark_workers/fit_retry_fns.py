@@ -41,24 +41,36 @@ class KillExecutorTorch:
             kill_own_executor(self.marker)
 
 
-def keras_killer(marker, epoch=1, rank=1):
+def wait_for_a_checkpoint(store, run_id, timeout=60.0):
+    """Until rank 0 has written run ``run_id``'s first checkpoint: rank 1 may begin the next
+    epoch while rank 0 still writes it, and a kill then would abort the write (the fit then
+    rightly starts over, which is not the case under test)."""
+    deadline = time.monotonic() + timeout
+    while not store.list_checkpoints(run_id) and time.monotonic() < deadline:
+        time.sleep(0.1)
+
+
+def keras_killer(marker, store, run_id, epoch=1, rank=1):
     import keras
 
     class KillExecutorKeras(keras.callbacks.Callback):
         def on_epoch_begin(self, e, logs=None):
             import spark_hvd.keras as hvd
-            if e == epoch and hvd.rank() == rank:
+            if e == epoch and hvd.rank() == rank and not os.path.exists(marker):
+                wait_for_a_checkpoint(store, run_id)
                 kill_own_executor(marker)
 
     return KillExecutorKeras()
 
 
-def lightning_killer(marker, epoch=1, rank=1):
+def lightning_killer(marker, store, run_id, epoch=1, rank=1):
     import lightning as L
 
     class KillExecutorLightning(L.Callback):
         def on_train_epoch_start(self, trainer, module):
-            if trainer.current_epoch == epoch and trainer.global_rank == rank:
+            if (trainer.current_epoch == epoch and trainer.global_rank == rank
+                    and not os.path.exists(marker)):
+                wait_for_a_checkpoint(store, run_id)
                 kill_own_executor(marker)
 
     return KillExecutorLightning()

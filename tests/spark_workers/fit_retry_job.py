@@ -52,14 +52,16 @@ def estimator(kind, store, marker):
         x = keras.Input((4,), name="features")
         model = keras.Model(x, keras.layers.Reshape(())(keras.layers.Dense(1)(x)))
         return KerasEstimator(model=model, optimizer=keras.optimizers.SGD(0.05), loss="mse",
-                              callbacks=[fit_retry_fns.keras_killer(marker)], **common)
+                              callbacks=[fit_retry_fns.keras_killer(
+                                  marker, store, common["run_id"])], **common)
     import torch
     from spark_hvd.estimators.lightning import LightningEstimator
     import lightning_fns
     cloudpickle.register_pickle_by_value(lightning_fns)
     torch.manual_seed(0)
     return LightningEstimator(model=lightning_fns.Regressor(lr=0.05),
-                              callbacks=[fit_retry_fns.lightning_killer(marker)], **common)
+                              callbacks=[fit_retry_fns.lightning_killer(
+                                  marker, store, common["run_id"])], **common)
 
 
 def main():
