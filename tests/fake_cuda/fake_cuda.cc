@@ -138,7 +138,7 @@ struct Comm {
 
 std::mutex g_mu;
 std::map<uint64_t, int> g_listeners;          // nonce -> rank 0's listener (this process)
-std::map<int, std::pair<int, double>> g_ops;  // PreMulSum op -> (type, factor)
+std::map<int, double> g_ops;  // PreMulSum op -> its factor
 int g_next_op = 5;
 
 // FAKE_NCCL_ADDR: an IPv4 address, or "hostname" for this host's name's (a host of the
@@ -265,7 +265,8 @@ uint16_t float_to_half(float f) {
   float a = std::fabs(f);
   if (std::isnan(f)) return uint16_t(sign | 0x7E00);
   if (a >= 65520.0f) return uint16_t(sign | 0x7C00);
-  if (a < std::ldexp(1.0f, -14)) return uint16_t(sign | uint16_t(std::nearbyint(a * std::ldexp(1.0f, 24))));
+  if (a < std::ldexp(1.0f, -14))  // subnormal
+    return uint16_t(sign | uint16_t(std::nearbyint(a * std::ldexp(1.0f, 24))));
   int e;
   float m = std::frexp(a, &e);  // a = m * 2^e, m in [0.5, 1)
   uint32_t mant = uint32_t(std::nearbyint((m * 2 - 1) * 1024));
@@ -421,7 +422,7 @@ void execute(Comm* c, Plan& plan) {
 double premul_factor(int op) {
   if (op < 5) return 1.0;
   std::lock_guard<std::mutex> lock(g_mu);
-  return g_ops.count(op) ? g_ops[op].second : 1.0;
+  return g_ops.count(op) ? g_ops[op] : 1.0;
 }
 
 using Builder = std::function<void(Plan&)>;
@@ -685,7 +686,7 @@ int ncclGroupEnd() {
 int ncclRedOpCreatePreMulSum(int* op, void* scalar, int type, int, void*) {
   std::lock_guard<std::mutex> lock(g_mu);
   *op = g_next_op++;
-  g_ops[*op] = {type, load(type, scalar, 0)};
+  g_ops[*op] = load(type, scalar, 0);
   return 0;
 }
 int ncclRedOpDestroy(int op, void*) {

@@ -11,8 +11,8 @@ Usage: lost_peer.py ELEMS OPS [LATE_RANKS LATE_SECONDS [STOP_RANK STOP_AFTER CON
                 resumes it that many seconds later
 $FRAMEWORK: "torch", "torch-cuda" (CUDA tensors: the NCCL path; every rank on the GPU of its
 local rank, modulo the GPUs there are), "emulated-cuda" (NumPy buffers as CUDA tensors of the
-emulated CUDA runtime and NCCL: tests/fake_cuda) or "numpy" (default). $STOP_SIGNAL=KILL makes STOP_RANK
-SIGKILL itself instead (a rank lost for good, its sockets closed by its kernel). Every rank
+emulated CUDA runtime and NCCL: tests/fake_cuda) or "numpy" (default). $STOP_SIGNAL=KILL makes
+STOP_RANK SIGKILL itself instead (a rank lost for good, its sockets closed by its kernel). Every rank
 prints "READY rank=R host=H" after a first allreduce, "ERROR rank=R at=T called=C ops=N
 error=..." (T, C: time.monotonic() of the failure and of the failed call; the clock is shared
 by every network namespace of the machine) and exits 3 when an op raises HorovodInternalError,
