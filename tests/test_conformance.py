@@ -29,6 +29,8 @@ import pytest
 
 from conftest import job_env
 
+pytestmark = pytest.mark.mostly_waiting   # beside the bed in make test (scripts/run_tests.py)
+
 RUNNER = Path(__file__).resolve().parent / "conformance" / "run.py"
 
 # Fail on Horovod 0.28.1 itself with torch 2.13: they iterate over every torch optimizer and

@@ -15,6 +15,8 @@ import pytest
 import fake_cuda
 from conftest import REPO, job_env, run_job
 
+pytestmark = pytest.mark.mostly_waiting   # beside the bed in make test (scripts/run_tests.py)
+
 THREE = "localhost:1,127.0.0.2:1,127.0.0.3:1"
 FAST = {"SPARK_HVD_KILL_GRACE_SECONDS": "2"}
 

@@ -10,6 +10,8 @@ import pytest
 
 from conftest import run_job
 
+pytestmark = pytest.mark.mostly_waiting   # beside the bed in make test (scripts/run_tests.py)
+
 STALL_SHUTDOWN = 3.0
 SLACK = 7.0
 

@@ -6,6 +6,7 @@ import re
 
 import pytest
 
+pytestmark = pytest.mark.mostly_waiting   # beside the bed in make test (scripts/run_tests.py)
 
 
 @pytest.mark.timeout(120)
