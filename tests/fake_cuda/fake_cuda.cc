@@ -10,7 +10,7 @@
 // rank 0's listener and a nonce each connection must present. Every collective sends whole
 // buffers to the peers and reduces in rank order, so every rank's result is the same bits.
 // Like NCCL, work whose peer is gone does not fail: it hangs (its stream stops) until the
-// communicator is aborted.
+// communicator is aborted. Hooks for the tests: FAKE_NCCL_HANG_AT, FAKE_NCCL_STUCK (below).
 //
 // Built by tests/fake_cuda/__init__.py's build() (g++ -shared); one file serves as both
 // libraries.
@@ -363,8 +363,20 @@ struct Plan {
   }
 };
 
+// FAKE_NCCL_STUCK=1: work that lost its peer does not end even when its communicator is
+// aborted, as on a GPU that is stuck for real; it holds its stream until the process exits.
+void stay_stuck_if_asked() {
+  const char* stuck = std::getenv("FAKE_NCCL_STUCK");
+  if (!stuck || std::strcmp(stuck, "1") != 0) return;
+  static std::mutex mu;
+  static std::condition_variable never;
+  std::unique_lock<std::mutex> lock(mu);
+  never.wait(lock, [] { return false; });
+}
+
 void wait_for_abort(Comm* c) {
   c->failed = true;
+  stay_stuck_if_asked();
   std::unique_lock<std::mutex> lock(c->mu);
   c->cv.wait(lock, [c] { return c->aborted; });
 }

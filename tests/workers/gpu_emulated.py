@@ -156,8 +156,11 @@ def lost(c: Checks) -> None:
     which waits in NCCL for the dead rank's data (the emulated NCCL, like NCCL, waits for a
     lost peer until the core aborts the communicator). The failed op's output must not change
     once the error was raised, not even when the core shuts down: the GPU work queued for it
-    must have ended before the buffer was handed back."""
+    must have ended before the buffer was handed back. With FAKE_NCCL_STUCK=1 the others'
+    hung work ignores the abort (a GPU stuck for real): the core gives up waiting for it 10 s
+    after the abort, and the rank reports and exits without shutting down."""
     n, me = hvd.size(), hvd.rank()
+    stuck = os.environ.get("FAKE_NCCL_STUCK") == "1"
     kill_file = os.environ["KILL_TIME_FILE"]
     a = np.ones(1 << 22, dtype=np.float32)
     if me == n - 1:
@@ -185,6 +188,11 @@ def lost(c: Checks) -> None:
             killed_at = float(open(kill_file).read()) if os.path.exists(kill_file) else None
             c.check(killed_at is not None, f"step {step} failed before the kill: {e}")
             detect = time.time() - killed_at if killed_at else -1
+            if stuck:  # the stuck work holds the core's stream: shutdown would wait for it
+                print(f"LOST rank={me} step={step} detect={detect:.2f} "
+                      f"error={type(e).__name__}: {str(e)[:400]!r}", flush=True)
+                c.finish()
+                os._exit(0)
             hvd.shutdown()  # aborts what is left of the GPU work, if anything is
             rewritten = not np.array_equal(out, seen)
             c.check(not rewritten, "the failed op's output changed after its error was raised")
