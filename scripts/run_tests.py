@@ -8,11 +8,12 @@ heartbeats timing out; about a third of the two cores) and the files marked ``mo
 (peer timeouts, stall checks, signals, sleeps; a fifth of the two cores or less). So the suite
 runs in two phases:
 
-1. the bed, and in a second pytest process beside it, the ``mostly_waiting`` tests;
-2. everything else, in one process (with the wheel's idle-priority background build, which
-   stays away from the bed: see tests/conftest.py).
+1. the bed, and in a second pytest process beside it, the ``mostly_waiting`` tests, which also
+   warm up the wheel's build for phase 2's test_wheel.py (tests/wheel_build.py: ~95 s of both
+   cores at SCHED_IDLE, so it takes only CPU time nothing else wants);
+2. everything else, in one process.
 
-Nothing CPU-bound runs beside the bed, whose failure bounds are seconds of wall time.
+Nothing else runs beside the bed, whose failure bounds are seconds of wall time.
 
 Every argument goes to every pytest process; ``-m EXPR`` is combined with each process's own
 selection, and ``--junitxml=PATH`` gives one file per process (``PATH`` for phase 2, ``-bed`` and
@@ -83,7 +84,8 @@ def main(argv: list[str]) -> int:
           flush=True)
     waiting = subprocess.Popen(
         PYTEST + ["tests", f"--ignore={BED}"] + args + selection(marks, "mostly_waiting")
-        + junit_file(junit, "waiting"), cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+        + junit_file(junit, "waiting"), cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
+        env=dict(os.environ, SPARK_HVD_TESTS_WARM_UP_WHEEL="1"))
     try:
         codes["the bed"] = subprocess.call(PYTEST + [BED] + args + selection(marks, None)
                                            + junit_file(junit, "bed"), cwd=REPO)

@@ -2,9 +2,9 @@
 
 Compiling the core, the framework libraries and the MPI plugins with zig's clang takes ~95 s of
 both cores, which the suite used to spend in a row at its end. conftest.py starts that build
-(`pip wheel`, as `make wheel` runs it) at the first test outside tests/multihost (the bed's
-tests bound failures in seconds of wall time, and run first), at the lowest CPU priority there
-is: in its own session, whose autogroup gets nice 19, under SCHED_IDLE, so it
+(`pip wheel`, as `make wheel` runs it) at the first test outside tests/multihost; in make test,
+in the mostly_waiting tests' process beside the bed (scripts/run_tests.py), when the cores are
+~75 % idle. It runs at the lowest CPU priority there is: in its own session, whose autogroup gets nice 19, under SCHED_IDLE, so it
 only takes CPU time the tests leave idle (they wait a lot: for JVMs, peers, timeouts). Its
 objects land in build/wheel/, where the build is incremental.
 
