@@ -9,8 +9,8 @@ heartbeats timing out; about a third of the two cores) and the files marked ``mo
 runs in two phases:
 
 1. the bed, and in a second pytest process beside it, the ``mostly_waiting`` tests, which also
-   warm up the wheel's build for phase 2's test_wheel.py (tests/wheel_build.py: ~95 s of both
-   cores at SCHED_IDLE, so it takes only CPU time nothing else wants);
+   warm up the wheel's build when phase 2 will run test_wheel.py (tests/wheel_build.py: ~95 s
+   of both cores at SCHED_IDLE, so it takes only CPU time nothing else wants);
 2. everything else, in one process.
 
 Nothing else runs beside the bed, whose failure bounds are seconds of wall time.
@@ -70,6 +70,13 @@ def junit_file(junit: str | None, tag: str) -> list[str]:
     return [f"--junitxml={junit}"]
 
 
+def runs_test_wheel(args: list[str], phase2_selection: list[str]) -> bool:
+    """Whether phase 2 will run any of test_wheel.py (then phase 1 warms its build up)."""
+    return subprocess.call(PYTEST + ["tests/test_wheel.py", "--collect-only", "-q"] + args
+                           + phase2_selection, cwd=REPO, stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL) == 0
+
+
 def main(argv: list[str]) -> int:
     if os.environ.get("SPARK_HVD_TESTS_SERIAL") == "1":
         return subprocess.call(PYTEST + ["tests"] + argv, cwd=REPO)
@@ -82,10 +89,13 @@ def main(argv: list[str]) -> int:
     print(f"== phase 1: {BED} (the network-namespace bed), and beside it the mostly_waiting "
           f"tests in a second pytest process (its output: {log.name}, printed after the bed's)",
           flush=True)
+    waiting_env = dict(os.environ)
+    if runs_test_wheel(args, selection(marks, "not mostly_waiting")):
+        waiting_env["SPARK_HVD_TESTS_WARM_UP_WHEEL"] = "1"
     waiting = subprocess.Popen(
         PYTEST + ["tests", f"--ignore={BED}"] + args + selection(marks, "mostly_waiting")
         + junit_file(junit, "waiting"), cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
-        env=dict(os.environ, SPARK_HVD_TESTS_WARM_UP_WHEEL="1"))
+        env=waiting_env)
     try:
         codes["the bed"] = subprocess.call(PYTEST + [BED] + args + selection(marks, None)
                                            + junit_file(junit, "bed"), cwd=REPO)
