@@ -90,10 +90,16 @@ def pytest_runtest_setup(item):
         wheel_build.start_in_background(Path(_SESSION_TMP) / "wheel-build")
 
 
+def pytest_sessionfinish(session, exitstatus):
+    # The warm-up is for the next phase: a build killed mid-compile could leave objects
+    # half-written, so it is waited for; not when the run was interrupted (stopped below).
+    if _WARM_UP_ONLY and "wheel_build" in sys.modules \
+            and exitstatus != pytest.ExitCode.INTERRUPTED:
+        sys.modules["wheel_build"].wait_for_background(timeout=900)
+
+
 def pytest_unconfigure(config):
     if "wheel_build" in sys.modules:
-        if _WARM_UP_ONLY:   # a build killed mid-compile could leave objects half-written
-            sys.modules["wheel_build"].wait_for_background(timeout=900)
         sys.modules["wheel_build"].stop_background()
     if _SESSION_TMP:
         shutil.rmtree(_SESSION_TMP, ignore_errors=True)

@@ -188,16 +188,16 @@ def lost(c: Checks) -> None:
             killed_at = float(open(kill_file).read()) if os.path.exists(kill_file) else None
             c.check(killed_at is not None, f"step {step} failed before the kill: {e}")
             detect = time.time() - killed_at if killed_at else -1
+            head = f"LOST rank={me} step={step} detect={detect:.2f}"
+            error = f"error={type(e).__name__}: {str(e)[:400]!r}"
             if stuck:  # the stuck work holds the core's stream: shutdown would wait for it
-                print(f"LOST rank={me} step={step} detect={detect:.2f} "
-                      f"error={type(e).__name__}: {str(e)[:400]!r}", flush=True)
+                print(f"{head} {error}", flush=True)
                 c.finish()
                 os._exit(0)
             hvd.shutdown()  # aborts what is left of the GPU work, if anything is
             rewritten = not np.array_equal(out, seen)
             c.check(not rewritten, "the failed op's output changed after its error was raised")
-            print(f"LOST rank={me} step={step} detect={detect:.2f} rewritten={int(rewritten)} "
-                  f"error={type(e).__name__}: {str(e)[:400]!r}", flush=True)
+            print(f"{head} rewritten={int(rewritten)} {error}", flush=True)
             return
         c.check(out[0] == n, f"step {step}: {out[0]}")
     c.fail("no error after the last rank was killed")
