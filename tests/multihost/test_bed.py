@@ -52,7 +52,12 @@ def test_hosts_reach_each_other_and_teardown_is_complete():
         got, _ = _transfer(bed, 8)
         assert got == 8 << 20
         sleeper = bed.popen(h0, ["sleep", "600"])
-        assert sleeper.pid and bed.pids(h0)
+        # `ip netns exec` joins the namespace after Popen returns: on a busy machine that takes
+        # a moment, so wait for the sleeper to show up in it.
+        deadline = time.monotonic() + 20
+        while sleeper.pid not in bed.pids(h0) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert sleeper.pid in bed.pids(h0)
     assert bed.leftovers() == []
     assert sleeper.poll() is not None
 
