@@ -31,6 +31,6 @@ def test_pytest_timeout_fires_in_a_blocked_collective(job):
     assert "Timeout" in out0, r.describe()
     m = re.search(r"1 failed in ([0-9.]+)s", out0)
     assert m, r.describe()
-    # Import, init and the 1 s limit; the peer arrives 10 s after init.
-    assert float(m.group(1)) < 7, r.describe()
+    # pytest's time includes init and the 1 s limit; the peer arrives 10 s after init.
+    assert float(m.group(1)) < 9, r.describe()
     assert any("1 passed" in line for line in r.lines(1)), r.describe()

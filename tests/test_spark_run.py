@@ -118,7 +118,7 @@ def test_too_few_slots_is_an_immediate_clear_error(spark):
     t0 = time.monotonic()
     with pytest.raises(RunError, match=r"num_proc=3.*offers 2 task slot\(s\).*Lower num_proc"):
         spark_hvd.spark.run(fns.empty, num_proc=3, spark=spark)
-    assert time.monotonic() - t0 < 5
+    assert time.monotonic() - t0 < 20  # no barrier wait: Spark alone takes seconds when busy
 
 
 def test_spark_connect_session(connect, tmp_path):

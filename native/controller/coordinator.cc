@@ -376,7 +376,10 @@ void Coordinator::inspect_board(Clock::time_point now) {
       w = {completions, now};
       continue;
     }
-    if (now - w.since >= stalls_.warn_after()) take_over(id, w.since);
+    // `since` is the inspection that first saw them waiting (they came up to an interval
+    // earlier): at a wake-up a few ms short of the warning time, take over as if it were due.
+    if (now - w.since + StallInspector::kTimerSlack >= stalls_.warn_after())
+      take_over(id, std::min(w.since, now - stalls_.warn_after()));
   }
 }
 

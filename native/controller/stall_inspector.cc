@@ -16,7 +16,7 @@ StallInspector::StallInspector(double warning_seconds, double shutdown_seconds)
           std::chrono::duration<double>(shutdown_seconds > 0 ? shutdown_seconds : 0))) {}
 
 bool StallInspector::due(Clock::time_point now) {
-  if (!enabled() || now - last_check_ < kInterval) return false;
+  if (!enabled() || now - last_check_ + kTimerSlack < kInterval) return false;
   last_check_ = now;
   return true;
 }

@@ -34,6 +34,9 @@ class StallInspector {
                       const Warn& warn) const;
 
   static constexpr std::chrono::milliseconds kInterval{500};
+  // Rank 0's engine wakes every kInterval to inspect; a wake-up a few ms early must not count
+  // as too early (the inspection, or a board stall, would then wait for the next wake-up).
+  static constexpr std::chrono::milliseconds kTimerSlack{20};
 
  private:
   double warning_seconds_;

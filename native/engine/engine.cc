@@ -223,8 +223,12 @@ bool Engine::wait_for_work() {
     if (link) fds.push_back({link->fd(), POLLIN, 0});
   pollfd* control_fds = fds.data() + 2;
   const nfds_t ncontrol = fds.size() - 2;
-  // Wake at least once a second: the coordinator's stall inspector runs on wake-ups.
-  const auto deadline = Clock::now() + std::chrono::seconds(1);
+  // Wake at least once a second, and rank 0 once per stall inspection: the coordinator's
+  // stall inspector runs on wake-ups (a tensor stalled on the board is noticed at the first
+  // one, and reported a warning time later).
+  const bool inspecting = options_.rank == 0 && options_.coordinator.stall_warning_seconds > 0;
+  const auto deadline = Clock::now() + (inspecting ? Clock::duration(StallInspector::kInterval)
+                                                   : Clock::duration(std::chrono::seconds(1)));
 
   if (in_burst_) {
     // Sleep through the burst. The seq_cst pairs batching_/waiters() and

@@ -157,6 +157,8 @@ void test_stall_inspector() {
   StallInspector s(10, 30);
   const auto t0 = Clock::now();
   CHECK(s.due(t0) && !s.due(t0 + std::chrono::milliseconds(100)));
+  // A wake-up a few ms short of the interval still inspects.
+  CHECK(s.due(t0 + StallInspector::kInterval - std::chrono::milliseconds(5)));
   std::vector<std::string> warnings;
   auto warn = [&](const std::string& m) { warnings.push_back(m); };
   Clock::time_point last = t0;
@@ -368,6 +370,27 @@ void test_coordinator_stall_on_board() {
   CHECK(out.size() == 1 && out[0].error.empty() && out[0].names[0] == "a");
 }
 
+// Rank 0's engine wakes every StallInspector::kInterval to inspect, a little early or late: an
+// inspection a few ms short of the interval still runs, and ranks first seen waiting on the
+// board one warning time ago (give or take those ms) are reported then, not an interval later.
+void test_board_stall_reported_at_the_wake_up_due() {
+  using std::chrono::milliseconds;
+  Setup s(2, 16, 1.0);
+  Board2 b;
+  s.coordinator->set_board(b.r0.get());
+  answer_once(s, "a");
+  CHECK(b.r0->arrive(0, 0, 0b11) == Arrival::kWaiting);  // rank 1 is late
+  std::vector<std::string> warnings;
+  auto warn = [&](const std::string& m) { warnings.push_back(m); };
+  const auto t0 = Coordinator::Clock::now();
+  CHECK(s.coordinator->inspect_stalls(t0, warn).empty());  // first seen waiting
+  CHECK(s.coordinator->inspect_stalls(t0 + milliseconds(495), warn).empty());
+  CHECK(warnings.empty());
+  CHECK(s.coordinator->inspect_stalls(t0 + milliseconds(990), warn).empty());
+  CHECK(warnings.size() == 1 &&
+        warnings[0].find("rank 1 has not submitted it for 1 s") != std::string::npos);
+}
+
 }  // namespace
 
 void test_deadlock_detector() {
@@ -437,6 +460,8 @@ int main(int argc, char** argv) {
   run_test("coordinator: takes board ids over", test_coordinator_takes_board_ids_over);
   run_test("coordinator: join takes the board over", test_coordinator_join_takes_board_over);
   run_test("coordinator: stall on the board", test_coordinator_stall_on_board);
+  run_test("coordinator: board stall reported at the wake-up due",
+           test_board_stall_reported_at_the_wake_up_due);
   run_test("deadlock detector", test_deadlock_detector);
   return summary();
 }

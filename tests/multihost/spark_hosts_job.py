@@ -220,8 +220,10 @@ def mode_lose_fit(spark, out_dir):
     except spark_hvd.spark.RunError as e:
         failure = error_report(e)
     checkpoints = [epoch for epoch, _ in store.list_checkpoints(run_id)]
-    with open(os.path.join(out_dir, "failed.json"), "w") as f:
+    with open(os.path.join(out_dir, "failed.json.tmp"), "w") as f:
         json.dump({"error": failure, "checkpoints": checkpoints}, f)
+    # The test reads the file as soon as it exists: it appears whole.
+    os.replace(os.path.join(out_dir, "failed.json.tmp"), os.path.join(out_dir, "failed.json"))
     if failure is None:
         return {"error": None}
     wait_file(os.path.join(out_dir, "back"), 120)

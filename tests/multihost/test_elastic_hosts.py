@@ -20,7 +20,7 @@ from test_lost_hosts import REPO, BedJob
 WORKER = REPO / "tests" / "workers" / "elastic_train.py"
 PEER_TIMEOUT = 4.0
 # The kernel's probe interval and Python's error path on a loaded 2-core machine.
-SLACK = 2.0
+SLACK = 4.0
 
 
 def fields(job, word):
@@ -84,7 +84,8 @@ def test_host_processes_killed(bed3, tmp_path):
     job.wait_for(r"STEP rank=\d size=3 step=20 ", 3, timeout=120)
     fault_at = time.time()
     bed3.signal_host(h2, signal.SIGKILL)
-    finish(job, {h0.addr, h1.addr}, fault_at, bound=SLACK)
+    # Below the peer timeout: the closed connections, not the timeout, ended the collective.
+    finish(job, {h0.addr, h1.addr}, fault_at, bound=PEER_TIMEOUT - 0.5)
 
 
 @pytest.mark.slow
