@@ -4,9 +4,9 @@ Compiling the core, the framework libraries and the MPI plugins with zig's clang
 both cores, which the suite used to spend in a row at its end. conftest.py starts that build
 (`pip wheel`, as `make wheel` runs it) at the first test outside tests/multihost; in make test,
 in the mostly_waiting tests' process beside the bed (scripts/run_tests.py), when the cores are
-~75 % idle. It runs at the lowest CPU priority there is: in its own session, whose autogroup gets nice 19, under SCHED_IDLE, so it
-only takes CPU time the tests leave idle (they wait a lot: for JVMs, peers, timeouts). Its
-objects land in build/wheel/, where the build is incremental.
+~75 % idle. It runs at the lowest CPU priority there is: in its own session, whose autogroup
+gets nice 19, under SCHED_IDLE, so it only takes CPU time the tests leave idle (they wait a lot:
+for JVMs, peers, timeouts). Its objects land in build/wheel/, where the build is incremental.
 
 test_wheel.py's fixture then waits for it and runs the same build again in the foreground, at
 normal priority: a relink and packaging of what is already compiled (a second or two), and the
